@@ -1,0 +1,102 @@
+"""Translate between codec records (the file) and the TrainingState (the live state)."""
+from __future__ import annotations
+
+import os
+from typing import List, Tuple, Union
+
+import torch
+
+from ..codec import (
+    CheckpointRecord,
+    OptimizerGroupRecord,
+    ParameterOptimizerStateRecord,
+    TensorRecord,
+    decode_checkpoint,
+    read_checkpoint,
+    state_writer_record,
+    tensor_record_from_torch,
+    tensor_record_to_torch,
+    write_checkpoint,
+)
+from ..codec.dtypes import torch_dtype
+from .state import OptimizerState, ParameterSlot, TrainingState
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def load_state(source: Union[PathLike, bytes, bytearray, memoryview]) -> TrainingState:
+    """Load a checkpoint file (or its bytes, like ORT's LoadCheckpointFromBuffer)."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        record = decode_checkpoint(source, source="<buffer>")
+    else:
+        record = read_checkpoint(os.fspath(source))
+    return state_from_record(record)
+
+
+def state_from_record(record: CheckpointRecord) -> TrainingState:
+    state = TrainingState()
+    module = record.module_state
+    if module is not None:
+        state.is_nominal = module.is_nominal
+        state.has_external_data = module.has_external_data
+        for requires_grad, tensors in ((True, module.trainable), (False, module.frozen)):
+            for tensor in tensors:
+                value = None if module.is_nominal else tensor_record_to_torch(tensor)
+                state.parameters[tensor.name] = ParameterSlot(tensor.name, tensor.data_type, requires_grad, value)
+    state.properties = dict(record.properties or {})
+    for group in record.optimizer_groups or []:
+        if group.group_name != "group0" and state.optimizer is not None:
+            continue  # ORT keeps one group; group0 wins
+        state.optimizer = OptimizerState(
+            group_name=group.group_name,
+            step=group.step,
+            initial_learning_rate=group.initial_learning_rate,
+            moments={
+                entry.param_name: {m.name: tensor_record_to_torch(m) for m in entry.momentums} for entry in group.states
+            },
+        )
+    return state
+
+
+def _tensor_record(name: str, slot_tensor: torch.Tensor) -> TensorRecord:
+    return tensor_record_from_torch(name, slot_tensor.detach().to("cpu"))
+
+
+def _parameter_records(state: TrainingState) -> Tuple[List[TensorRecord], List[TensorRecord]]:
+    trainable, frozen = [], []
+    for slot in state.parameters.values():
+        tensor = slot.tensor
+        if tensor is None:  # unfilled nominal state: ORT writes a 0-d placeholder
+            tensor = torch.zeros((), dtype=torch_dtype(slot.data_type))
+        (trainable if slot.requires_grad else frozen).append(_tensor_record(slot.name, tensor))
+    return trainable, frozen
+
+
+def _optimizer_records(state: TrainingState) -> List[OptimizerGroupRecord]:
+    optimizer = state.optimizer
+    if optimizer is None or not optimizer.moments:
+        return []
+    entries = [
+        ParameterOptimizerStateRecord(name, [_tensor_record(key, value) for key, value in moments.items()])
+        for name, moments in optimizer.moments.items()
+    ]
+    return [OptimizerGroupRecord(optimizer.group_name, optimizer.step, optimizer.initial_learning_rate, entries)]
+
+
+def record_from_state(state: TrainingState, include_optimizer_state: bool) -> CheckpointRecord:
+    """The record ORT's CheckpointState writer would produce for this state."""
+    trainable, frozen = _parameter_records(state)
+    return state_writer_record(
+        trainable,
+        frozen,
+        is_nominal=state.is_nominal,
+        optimizer_groups=_optimizer_records(state) if include_optimizer_state else [],
+        properties=state.properties,
+        include_optimizer_state=include_optimizer_state,
+    )
+
+
+def save_state(state: TrainingState, path: PathLike, include_optimizer_state: bool = False) -> None:
+    """Atomically write the state; external data exactly when the loaded state had it (as ORT)."""
+    record = record_from_state(state, include_optimizer_state)
+    write_checkpoint(record, os.fspath(path), external_min_bytes=0 if state.has_external_data else None)

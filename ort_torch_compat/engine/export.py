@@ -1,0 +1,78 @@
+"""`export_model_for_inferencing`: the eval graph, cut to the requested outputs, with the
+trained parameter values embedded as initializers (ORT's steps, spec §2.5).
+
+Differences from ORT, all in favour of a loadable file: unused optional node outputs are
+pruned (ORT keeps BatchNorm's 3 outputs, which ORT itself then refuses to load), and ORT's
+cosmetic additions (attribute defaults, extra opset imports) are not made.  Files whose
+weights would pass protobuf's 2 GiB limit, or whose checkpoint used external data, are
+written with ONNX external data next to the model.
+"""
+from __future__ import annotations
+
+import os
+from typing import List
+
+import onnx
+from onnx import numpy_helper
+
+from ..errors import ModelLoadError
+from ..graph.subgraph import ancestor_nodes, prune_unused_outputs
+from .model_io import load_model
+from .training_engine import TrainingEngine
+
+PROTOBUF_LIMIT = 2**31 - 1
+
+
+def _output_infos(model: onnx.ModelProto, wanted: List[str]) -> List[onnx.ValueInfoProto]:
+    known = {vi.name: vi for vi in list(model.graph.value_info) + list(model.graph.output) + list(model.graph.input)}
+    if any(name not in known for name in wanted):
+        inferred = onnx.shape_inference.infer_shapes(model)
+        known.update({vi.name: vi for vi in inferred.graph.value_info})
+    return [known.get(name) or onnx.helper.make_empty_tensor_value_info(name) for name in wanted]
+
+
+def build_inference_model(engine: TrainingEngine, graph_output_names: List[str]) -> onnx.ModelProto:
+    if engine.eval_source is None:
+        raise ModelLoadError("Eval model was not provided. Cannot export a model for inferencing.")
+    if not graph_output_names:
+        raise ValueError("Expected a non empty vector of graph output names. Got an empty vector.")
+    model = load_model(engine.eval_source, "eval model")
+    graph = model.graph
+    produced = {out for node in graph.node for out in node.output} | {i.name for i in graph.input}
+    for name in graph_output_names:
+        if name not in produced:
+            raise ValueError(f"Expected graph output for inference graph {name} could not be found. "
+                             "Please regenerate the eval graph.")
+    outputs = _output_infos(model, graph_output_names)
+    nodes = prune_unused_outputs(ancestor_nodes(graph, graph_output_names), graph_output_names)
+    used = {value for node in nodes for value in node.input} | set(graph_output_names)
+    state = engine.state
+    params = [i for i in graph.input if i.name in state.parameters and i.name in used]
+    user_inputs = [i for i in graph.input if i.name not in state.parameters and i.name in used]
+    initializers = [init for init in graph.initializer if init.name in used]
+    for info in params:
+        value = state.parameters[info.name].tensor.detach().cpu().numpy()
+        initializers.append(numpy_helper.from_array(value, info.name))
+
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.input[:]
+    graph.input.extend(user_inputs)
+    del graph.output[:]
+    graph.output.extend(outputs)
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+    return model
+
+
+def export_inference_model(engine: TrainingEngine, path: str, graph_output_names: List[str]) -> None:
+    model = build_inference_model(engine, graph_output_names)
+    weights = sum(len(init.raw_data) for init in model.graph.initializer)
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"cannot export to '{path}': directory '{directory}' does not exist")
+    if engine.state.has_external_data or weights >= PROTOBUF_LIMIT:
+        onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=os.path.basename(path) + ".data", size_threshold=1024)
+    else:
+        onnx.save_model(model, path)

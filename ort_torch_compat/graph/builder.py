@@ -1,0 +1,126 @@
+"""Build a `torch.fx.GraphModule` from an ONNX graph, one torch module per ONNX node.
+
+We own the wiring instead of calling `onnx2torch.convert`, and reuse only its per-op
+converters (see docs/design.md): parameters stay *named placeholders* fed with our own
+tensors (so they stay shared, trainable and named as in the checkpoint), a node's outputs
+are indexed only when it really has several, module names are ours (custom domains with
+dots are fine), and every unsupported operator is reported at once.
+"""
+from __future__ import annotations
+
+import inspect
+import operator
+import re
+from typing import Dict, List, Sequence
+
+import onnx
+from onnx import defs
+import torch
+from onnx2torch.onnx_graph import OnnxGraph
+from torch import fx, nn
+
+from . import converters  # noqa: F401  (registers our converters)
+from .errors import GraphConversionError, UnsupportedOperatorError
+from .registry import find_converter, is_ours
+
+
+class _Constants(nn.Module):
+    """Holds the graph's own constant initializers as buffers (they move with `.to()`)."""
+
+
+def _module_name(index: int, op_type: str) -> str:
+    return f"n{index}_{re.sub(r'[^0-9A-Za-z_]', '_', op_type)}"
+
+
+def _first_if_tuple(value):
+    return value[0] if isinstance(value, tuple) else value
+
+
+def _may_return_tuple(domain: str, op_type: str, opset: int) -> bool:
+    """True for onnx2torch-converted ops whose schema has several outputs: their modules
+    may return a tuple although the (pruned) node uses only its first output (ours never do)."""
+    if domain or is_ours(domain, op_type, opset):
+        return False
+    try:
+        return defs.get_schema(op_type, max_inclusive_version=opset, domain="").max_output > 1
+    except (RuntimeError, defs.SchemaError):
+        return False
+
+
+def missing_operators(graph: onnx.GraphProto, opsets: Dict[str, int]) -> List[tuple]:
+    """(domain, op, opset) of every node no converter handles."""
+    missing = []
+    for node in graph.node:
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        opset = opsets.get(domain, 1)
+        if find_converter(domain, node.op_type, opset) is None:
+            missing.append((domain, node.op_type, opset))
+    return missing
+
+
+def build_graph_module(
+    graph: onnx.GraphProto,
+    opsets: Dict[str, int],
+    input_names: Sequence[str],
+    output_names: Sequence[str],
+    model_name: str,
+) -> fx.GraphModule:
+    """Return a GraphModule whose forward takes `input_names` positionally and returns a tuple."""
+    missing = missing_operators(graph, opsets)
+    if missing:
+        raise UnsupportedOperatorError(model_name, missing)
+
+    onnx_graph = OnnxGraph(graph)
+    fx_graph = fx.Graph()
+    root = nn.Module()
+    constants = _Constants()
+    root.add_module("constants", constants)
+    env: Dict[str, fx.Node] = {}
+
+    for index, name in enumerate(input_names):
+        env[name] = fx_graph.placeholder(f"in{index}")
+
+    def value(name: str) -> fx.Node:
+        if name not in env:
+            initializer = onnx_graph.initializers.get(name)
+            if initializer is None:
+                raise GraphConversionError(f"{model_name}: value '{name}' is used before it is produced")
+            buffer_name = f"c{len(constants._buffers)}"
+            constants.register_buffer(buffer_name, initializer.to_torch())
+            env[name] = fx_graph.get_attr(f"constants.{buffer_name}")
+        return env[name]
+
+    for index, (unique_name, node) in enumerate(onnx_graph.nodes.items()):
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        converter = find_converter(domain, node.operation_type, opsets.get(domain, 1))
+        try:
+            torch_module, mapping = converter(node, onnx_graph)
+        except (NotImplementedError, KeyError, ValueError) as error:
+            raise GraphConversionError(
+                f"{model_name}: cannot convert node '{node.name}' ({node.domain or 'ai.onnx'}::{node.operation_type}): {error}"
+            ) from error
+        module_name = _module_name(index, node.operation_type)
+        root.add_module(module_name, torch_module)
+
+        args = [None if not name else value(name) for name in mapping.inputs]
+        kwargs = {}
+        if None in args:
+            first_skipped = args.index(None)
+            parameters = list(inspect.signature(torch_module.forward).parameters)[first_skipped : len(args)]
+            kwargs = {key: arg for key, arg in zip(parameters, args[first_skipped:]) if arg is not None}
+            args = args[:first_skipped]
+        call = fx_graph.call_module(module_name, tuple(args), kwargs)
+
+        outputs = list(mapping.outputs)
+        if len(outputs) == 1:
+            if _may_return_tuple(domain, node.operation_type, opsets.get(domain, 1)):
+                call = fx_graph.call_function(_first_if_tuple, (call,))
+            env[outputs[0]] = call
+        else:
+            for position, output in enumerate(outputs):
+                if output:
+                    env[output] = fx_graph.call_function(operator.getitem, (call, position))
+
+    fx_graph.output(tuple(value(name) for name in output_names))
+    module = fx.GraphModule(root, fx_graph, class_name=re.sub(r"\W", "_", model_name))
+    return module

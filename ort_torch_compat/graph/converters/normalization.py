@@ -1,0 +1,72 @@
+"""BatchNormalization (ONNX and ORT's BatchNormInternal) and LayerNormalization.
+
+BatchNorm in training mode must reproduce ORT, not torch: ORT updates the running
+variance with the *biased* batch variance and writes the running stats in place into the
+frozen parameters of the checkpoint state during train_step.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..registry import register
+from ._common import OnnxGraph, OnnxModule, OnnxNode, result
+
+
+class BatchNorm(OnnxModule):
+    def __init__(self, epsilon: float, momentum: float, training_mode: bool):
+        super().__init__()
+        self.epsilon, self.momentum, self.training_mode = epsilon, momentum, training_mode
+
+    def forward(self, x, scale, bias, running_mean, running_var):
+        if not self.training_mode:
+            return F.batch_norm(x, running_mean, running_var, scale, bias, False, 0.0, self.epsilon)
+        y = F.batch_norm(x, None, None, scale, bias, True, 0.0, self.epsilon)
+        with torch.no_grad():
+            dims = [0] + list(range(2, x.dim()))
+            var, mean = torch.var_mean(x.detach(), dim=dims, correction=0)
+            running_mean.mul_(self.momentum).add_(mean, alpha=1.0 - self.momentum)
+            running_var.mul_(self.momentum).add_(var, alpha=1.0 - self.momentum)
+        return y
+
+
+@register("BatchNormalization", 9, 14, 15)
+def _batch_norm(node: OnnxNode, graph: OnnxGraph):
+    a = node.attributes
+    if len(node.output_values) > 1:
+        raise NotImplementedError("BatchNormalization with running-stat outputs in use")
+    module = BatchNorm(a.get("epsilon", 1e-5), a.get("momentum", 0.9), bool(a.get("training_mode", 0)))
+    return result(module, node)
+
+
+@register("BatchNormInternal", 1, domain="com.microsoft")
+def _batch_norm_internal(node: OnnxNode, graph: OnnxGraph):
+    a = node.attributes
+    if len(node.output_values) > 1:
+        raise NotImplementedError("BatchNormInternal with running-stat or saved outputs in use")
+    module = BatchNorm(a.get("epsilon", 1e-5), a.get("momentum", 0.9), bool(a.get("training_mode", 1)))
+    return result(module, node)
+
+
+class LayerNorm(OnnxModule):
+    def __init__(self, axis: int, epsilon: float):
+        super().__init__()
+        self.axis, self.epsilon = axis, epsilon
+
+    def forward(self, x, scale, bias=None):
+        axis = self.axis if self.axis >= 0 else x.dim() + self.axis
+        shape = x.shape[axis:]
+        if scale.shape != shape:
+            scale = scale.expand(shape)
+        if bias is not None and bias.shape != shape:
+            bias = bias.expand(shape)
+        return F.layer_norm(x, shape, scale, bias, self.epsilon)
+
+
+@register("LayerNormalization", 17)
+@register("LayerNormalization", 1, domain="com.microsoft")
+def _layer_norm(node: OnnxNode, graph: OnnxGraph):
+    if len(node.output_values) > 1:
+        raise NotImplementedError("LayerNormalization with Mean/InvStdDev outputs in use")
+    a = node.attributes
+    return result(LayerNorm(a.get("axis", -1), a.get("epsilon", 1e-5)), node)

@@ -1,0 +1,72 @@
+"""Reduce* for every opset: axes come from an attribute before opset 18 (ReduceSum: 13)
+and from an optional input after, with `noop_with_empty_axes` deciding what "no axes"
+means.  onnx2torch lacks the opset-18 forms, which breaks every MSE/L1/BCE loss there."""
+from __future__ import annotations
+
+import torch
+
+from ..registry import register
+from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, result
+
+
+def _sum_square(x, dims, keep):
+    return (x * x).sum(dim=dims, keepdim=keep)
+
+
+_KERNELS = {
+    "ReduceMean": lambda x, d, k: x.mean(dim=d, keepdim=k),
+    "ReduceSum": lambda x, d, k: x.sum(dim=d, keepdim=k),
+    "ReduceMax": lambda x, d, k: x.amax(dim=d, keepdim=k),
+    "ReduceMin": lambda x, d, k: x.amin(dim=d, keepdim=k),
+    "ReduceProd": lambda x, d, k: _prod(x, d, k),
+    "ReduceL1": lambda x, d, k: x.abs().sum(dim=d, keepdim=k),
+    "ReduceL2": lambda x, d, k: torch.sqrt(_sum_square(x, d, k)),
+    "ReduceSumSquare": _sum_square,
+    "ReduceLogSum": lambda x, d, k: torch.log(x.sum(dim=d, keepdim=k)),
+    "ReduceLogSumExp": lambda x, d, k: torch.logsumexp(x, dim=d, keepdim=k),
+}
+
+
+def _prod(x, dims, keep):
+    for dim in sorted((d % x.dim() for d in dims), reverse=True):
+        x = x.prod(dim=dim, keepdim=keep)
+    return x
+
+
+class Reduce(OnnxModule):
+    def __init__(self, op: str, axes, keepdims: bool, noop_with_empty_axes: bool):
+        super().__init__()
+        self.kernel = _KERNELS[op]
+        self.axes, self.keepdims, self.noop = axes, keepdims, noop_with_empty_axes
+
+    def forward(self, x: torch.Tensor, axes: torch.Tensor = None) -> torch.Tensor:
+        dims = self.axes if axes is None else axes.tolist()
+        if not dims:
+            if self.noop:
+                return x
+            dims = list(range(x.dim()))
+        return self.kernel(x, list(dims), self.keepdims)
+
+
+def _reduce(op: str, axes_as_input: bool):
+    def convert(node: OnnxNode, graph: OnnxGraph):
+        a = node.attributes
+        keep = bool(a.get("keepdims", 1))
+        noop = bool(a.get("noop_with_empty_axes", 0))
+        if not axes_as_input:
+            return result(Reduce(op, a.get("axes"), keep, noop), node, node.input_values[:1])
+        axes = constant_or_none(node, graph, 1)
+        if axes is not None or len(node.input_values) < 2 or not node.input_values[1]:
+            return result(Reduce(op, axes, keep, noop), node, node.input_values[:1])
+        return result(Reduce(op, None, keep, noop), node)
+    return convert
+
+
+for _op in _KERNELS:
+    _input_from = 13 if _op == "ReduceSum" else 18
+    register(_op, 1, 11)(_reduce(_op, False))
+    if _op != "ReduceSum":
+        register(_op, 13)(_reduce(_op, False))
+    register(_op, _input_from)(_reduce(_op, True))
+    if _input_from == 13:
+        register(_op, 18)(_reduce(_op, True))

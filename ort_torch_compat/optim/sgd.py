@@ -1,0 +1,13 @@
+"""ORT's SGDOptimizerV2 kernel: w = w + (-lr * g); no momentum, no weight decay."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+
+def sgd_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], *, lr: float) -> None:
+    with torch.no_grad():
+        for w, g in zip(params, grads):
+            w.add_(g, alpha=float(-np.float32(lr)))
