@@ -3,19 +3,27 @@
 ORT's two modes differ in where eps and weight decay go (spec §3.3):
   mode 1 (HF, generate_artifacts' default): w -= lr*sqrt(bc)/ac * m/(sqrt(v)+eps); w -= lr*wd*w
   mode 0 (torch): w -= lr*wd*w; w -= lr * m / (ac*(sqrt(v/bc)+eps))
-Scalar factors are computed in float32 exactly as ORT does, so results agree to float32
-rounding.  Each call is a fixed handful of whole-tensor ops, independent of how many
-parameters a model has, because the engine hands us flat buffers.
+with ac = 1 - alpha^t, bc = 1 - beta^t.
+
+Two implementations:
+- `reference`: ORT's formula term by term, scalars rounded to float32 as ORT does them;
+  about seven passes over the buffers.
+- `fused`: torch's single-pass fused AdamW kernel with hyperparameters rewritten so the
+  mathematics is ORT's: for mode 1, eps' = eps/sqrt(bc) moves eps outside the bias
+  correction, and lr' = lr*(1-lr*wd), wd' = wd/(1-lr*wd) turn "decay after the update"
+  into torch's "decay before".  Mode 0 is torch's AdamW as is.
+The two agree to float32 rounding (tested); `fused` is the default where torch has it.
 """
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
 f32 = np.float32
+_HAS_FUSED = hasattr(torch, "_fused_adamw_")
 
 
 def bias_corrections(alpha: float, beta: float, step: int, correct_bias: bool):
@@ -39,22 +47,45 @@ def adamw_step(
     weight_decay: float,
     adam_mode: int,
     correct_bias: bool,
+    fused: Optional[bool] = None,
 ) -> None:
     """Update params and moments in place; `step` is the 1-based step ORT feeds the kernel."""
+    use_fused = _HAS_FUSED and correct_bias and (fused is None or fused)
+    kernel = _fused if use_fused else _reference
+    with torch.no_grad():
+        kernel(params, grads, exp_avgs, exp_avg_sqs, lr=lr, step=step, alpha=alpha, beta=beta,
+               epsilon=epsilon, weight_decay=weight_decay, adam_mode=adam_mode, correct_bias=correct_bias)
+
+
+def _reference(params, grads, exp_avgs, exp_avg_sqs, *, lr, step, alpha, beta, epsilon, weight_decay, adam_mode,
+               correct_bias):
     lr32, a, b, eps, wd = f32(lr), f32(alpha), f32(beta), f32(epsilon), f32(weight_decay)
     ac, bc = bias_corrections(a, b, step, correct_bias)
-    with torch.no_grad():
-        for w, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
-            if adam_mode == 0 and wd != 0:
+    for w, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+        if adam_mode == 0 and wd != 0:
+            w.add_(w, alpha=float(-(lr32 * wd)))
+        m.mul_(float(a)).add_(g, alpha=float(f32(1.0) - a))
+        v.mul_(float(b)).addcmul_(g, g, value=float(f32(1.0) - b))
+        if adam_mode == 1:
+            step_size = lr32 * f32(math.sqrt(bc)) / ac if correct_bias else lr32
+            denom = v.sqrt().add_(float(eps))
+            w.addcdiv_(m, denom, value=float(-step_size))
+            if wd != 0:
                 w.add_(w, alpha=float(-(lr32 * wd)))
-            m.mul_(float(a)).add_(g, alpha=float(f32(1.0) - a))
-            v.mul_(float(b)).addcmul_(g, g, value=float(f32(1.0) - b))
-            if adam_mode == 1:
-                step_size = lr32 * f32(math.sqrt(bc)) / ac if correct_bias else lr32
-                denom = v.sqrt().add_(float(eps))
-                w.addcdiv_(m, denom, value=float(-step_size))
-                if wd != 0:
-                    w.add_(w, alpha=float(-(lr32 * wd)))
-            else:
-                denom = (v / float(bc)).sqrt_().add_(float(eps)).mul_(float(ac))
-                w.addcdiv_(m, denom, value=float(-lr32))
+        else:
+            denom = (v / float(bc)).sqrt_().add_(float(eps)).mul_(float(ac))
+            w.addcdiv_(m, denom, value=float(-lr32))
+
+
+def _fused(params, grads, exp_avgs, exp_avg_sqs, *, lr, step, alpha, beta, epsilon, weight_decay, adam_mode,
+           correct_bias):
+    lr, wd, eps = float(f32(lr)), float(f32(weight_decay)), float(f32(epsilon))
+    a, b = float(f32(alpha)), float(f32(beta))
+    if adam_mode == 1:
+        _, bc = bias_corrections(a, b, step, True)
+        eps = eps / math.sqrt(float(bc))
+        shrink = 1.0 - lr * wd
+        lr, wd = lr * shrink, (wd / shrink if wd else 0.0)
+    steps = [torch.full((), float(step), dtype=torch.float32, device=p.device) for p in params]
+    torch._fused_adamw_(list(params), list(grads), list(exp_avgs), list(exp_avg_sqs), [], steps,
+                        lr=lr, beta1=a, beta2=b, weight_decay=wd, eps=eps, amsgrad=False, maximize=False)

@@ -70,3 +70,56 @@ def _fused_matmul(node: OnnxNode, graph: OnnxGraph):
     if a.get("transBatchA", 0) or a.get("transBatchB", 0):
         raise NotImplementedError("FusedMatMul with transBatchA/transBatchB")
     return result(FusedMatMul(float(a.get("alpha", 1.0)), bool(a.get("transA", 0)), bool(a.get("transB", 0))), node)
+
+
+class Slice(OnnxModule):
+    """ONNX Slice; constant starts/ends/axes/steps are baked in, others are fed at run time.
+
+    (onnx2torch indexes with a list of slices, which torch deprecates.)"""
+
+    def __init__(self, starts, ends, axes, steps):
+        super().__init__()
+        self.starts, self.ends, self.axes, self.steps = starts, ends, axes, steps
+
+    def forward(self, x: torch.Tensor, starts=None, ends=None, axes=None, steps=None) -> torch.Tensor:
+        starts = self.starts if starts is None else starts.tolist()
+        ends = self.ends if ends is None else ends.tolist()
+        axes = self.axes if axes is None else axes.tolist()
+        steps = self.steps if steps is None else steps.tolist()
+        axes = list(range(len(starts))) if axes is None else axes
+        steps = [1] * len(starts) if steps is None else steps
+        index = [slice(None)] * x.dim()
+        flips = []
+        for start, end, axis, step in zip(starts, ends, axes, steps):
+            axis = axis % x.dim()
+            size = x.shape[axis]
+            if step > 0:
+                start = max(0, min(size, start + size if start < 0 else start))
+                end = max(0, min(size, end + size if end < 0 else end))
+                index[axis] = slice(start, max(start, end), step)
+            else:  # torch has no negative steps: take the mirrored range, then flip
+                start = max(-1, min(size - 1, start + size if start < 0 else start))
+                end = max(-1, min(size - 1, end + size if end < 0 else end))
+                count = max(0, -(-(start - end) // -step))
+                first = start - (count - 1) * (-step) if count else 0
+                index[axis] = slice(first, first + (count - 1) * (-step) + 1 if count else 0, -step)
+                flips.append(axis)
+        out = x[tuple(index)]
+        return out.flip(flips) if flips else out
+
+
+@register("Slice", 1)
+def _slice_v1(node: OnnxNode, graph: OnnxGraph):
+    a = node.attributes
+    return result(Slice(a["starts"], a["ends"], a.get("axes"), None), node, node.input_values[:1])
+
+
+@register("Slice", 10, 11, 13)
+def _slice(node: OnnxNode, graph: OnnxGraph):
+    values = [constant_or_none(node, graph, i) for i in range(1, 5)]
+    present = [i < len(node.input_values) and bool(node.input_values[i]) for i in range(1, 5)]
+    dynamic = [p and v is None for p, v in zip(present, values)]
+    inputs = [node.input_values[0]] + [node.input_values[i + 1] if dynamic[i] else "" for i in range(4)]
+    while inputs[-1] == "":
+        inputs.pop()
+    return result(Slice(*values), node, inputs)

@@ -1,0 +1,27 @@
+"""Shared test helpers: fixture discovery and the optional live ONNX Runtime reference."""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+sys.path.insert(0, str(ROOT))  # tests.scenario is shared with scripts/make_reference.py
+
+
+def reference_configs():
+    """Every fixture directory that carries ORT's recorded scenario."""
+    return sorted(p for p in FIXTURES.iterdir() if (p / "expected.npz").exists() and (p / "spec.json").exists())
+
+
+def load_spec(directory: pathlib.Path) -> dict:
+    return json.loads((directory / "spec.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def ort_api():
+    """onnxruntime.training.api when installed (CI on Python 3.11), else the test is skipped."""
+    return pytest.importorskip("onnxruntime.training.api")
