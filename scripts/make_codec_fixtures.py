@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -36,7 +35,6 @@ from onnxruntime.training.api import CheckpointState, LinearLRScheduler, Module,
 from ort_torch_compat.codec import (  # noqa: E402
     CheckpointRecord,
     ModuleStateRecord,
-    decode_checkpoint,
     encode_checkpoint,
     state_writer_external_min_bytes,
     state_writer_record,
@@ -98,7 +96,7 @@ def describe_proto(p: onnx.TensorProto) -> dict:
     return d
 
 
-def describe_state(state: CheckpointState, trainable_first: bool = True) -> dict:
+def describe_state(state: CheckpointState) -> dict:
     """What ORT's Python API reports about a loaded state."""
     params = []
     for n, p in state.parameters:  # iteration yields (name, Parameter), sorted by name
@@ -145,6 +143,7 @@ def make_artifacts(work: Path, optim, nominal: bool) -> tuple[Path, dict]:
 
 def train(work: Path, ckpt: Path, steps: int, scheduler_lr: float | None) -> tuple[CheckpointState, dict]:
     state = CheckpointState.load_checkpoint(str(ckpt))
+    onnxruntime.set_default_logger_severity(3)  # generate_artifacts turns verbose logging back on
     module = Module(str(work / "training_model.onnx"), state, str(work / "eval_model.onnx"), device="cpu")
     opt = Optimizer(str(work / "optimizer_model.onnx"), module)
     sched = None
@@ -297,7 +296,9 @@ def main() -> None:
                        tensor_record_from_numpy("d", np.array([0.25, -8.0], dtype=np.float64))],
             frozen=[tensor_record_from_numpy("b1", np.array([True], dtype=np.bool_)),
                     tensor_record_from_numpy("cnt", np.array([7, -9, 11], dtype=np.int64)),
-                    tensor_record_from_numpy("h", np.array([1, 2, 3], dtype=np.int16))],
+                    tensor_record_from_numpy("h", np.array([1, 2, 3], dtype=np.int16)),
+                    tensor_record_from_numpy("i8", np.array([-5], dtype=np.int8)),
+                    tensor_record_from_numpy("u64", np.array([2**64 - 1, 3], dtype=np.uint64))],
             has_external_data=True, properties={"kind": "external"})
         main_bytes, ext_bytes = encode_checkpoint(ours, external_min_bytes=state_writer_external_min_bytes(True))
         (tmp / "ours_ext").write_bytes(main_bytes)

@@ -1,0 +1,313 @@
+"""TensorDataType codes of the checkpoint file and their numpy / torch counterparts.
+
+The checkpoint stores a tensor's element type as the ONNX ``TensorProto.DataType``
+integer (ORT's flatbuffers ``TensorDataType`` uses the same numbers), and its payload as
+little-endian C-order bytes.  This module is the single place that knows how to turn such
+``(code, bytes)`` pairs into numpy arrays or torch tensors and back, so the rest of the
+library never hard-codes a dtype table.
+
+numpy has no bfloat16 / float8 types; ``ml_dtypes`` (a dependency of onnx) provides them.
+torch conversion deliberately avoids numpy for the payload so those dtypes stay lossless
+and no pickling is involved.
+"""
+from __future__ import annotations
+
+import math
+from enum import IntEnum
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .records import TensorRecord
+
+try:  # ml_dtypes ships with onnx; without it only the extended float types are missing.
+    import ml_dtypes as _ml
+except ImportError:  # pragma: no cover - onnx always installs it
+    _ml = None
+
+__all__ = [
+    "TensorDataType",
+    "numpy_dtype",
+    "torch_dtype",
+    "code_from_numpy",
+    "code_from_torch",
+    "element_size",
+    "dtype_name",
+    "tensor_nbytes",
+    "tensor_record_from_numpy",
+    "tensor_record_to_numpy",
+    "tensor_record_from_torch",
+    "tensor_record_to_torch",
+]
+
+
+class TensorDataType(IntEnum):
+    """ONNX / ORT tensor element types, numbered as in ``TensorProto.DataType``."""
+
+    UNDEFINED = 0
+    FLOAT = 1
+    UINT8 = 2
+    INT8 = 3
+    UINT16 = 4
+    INT16 = 5
+    INT32 = 6
+    INT64 = 7
+    STRING = 8
+    BOOL = 9
+    FLOAT16 = 10
+    DOUBLE = 11
+    UINT32 = 12
+    UINT64 = 13
+    COMPLEX64 = 14
+    COMPLEX128 = 15
+    BFLOAT16 = 16
+    FLOAT8E4M3FN = 17
+    FLOAT8E4M3FNUZ = 18
+    FLOAT8E5M2 = 19
+    FLOAT8E5M2FNUZ = 20
+
+
+# Bytes per element; STRING and UNDEFINED have no fixed size and are absent on purpose.
+_ELEMENT_SIZE: Dict[int, int] = {
+    TensorDataType.FLOAT: 4,
+    TensorDataType.UINT8: 1,
+    TensorDataType.INT8: 1,
+    TensorDataType.UINT16: 2,
+    TensorDataType.INT16: 2,
+    TensorDataType.INT32: 4,
+    TensorDataType.INT64: 8,
+    TensorDataType.BOOL: 1,
+    TensorDataType.FLOAT16: 2,
+    TensorDataType.DOUBLE: 8,
+    TensorDataType.UINT32: 4,
+    TensorDataType.UINT64: 8,
+    TensorDataType.COMPLEX64: 8,
+    TensorDataType.COMPLEX128: 16,
+    TensorDataType.BFLOAT16: 2,
+    TensorDataType.FLOAT8E4M3FN: 1,
+    TensorDataType.FLOAT8E4M3FNUZ: 1,
+    TensorDataType.FLOAT8E5M2: 1,
+    TensorDataType.FLOAT8E5M2FNUZ: 1,
+}
+
+_NUMPY: Dict[int, np.dtype] = {
+    TensorDataType.FLOAT: np.dtype("<f4"),
+    TensorDataType.UINT8: np.dtype("u1"),
+    TensorDataType.INT8: np.dtype("i1"),
+    TensorDataType.UINT16: np.dtype("<u2"),
+    TensorDataType.INT16: np.dtype("<i2"),
+    TensorDataType.INT32: np.dtype("<i4"),
+    TensorDataType.INT64: np.dtype("<i8"),
+    TensorDataType.STRING: np.dtype(object),
+    TensorDataType.BOOL: np.dtype("?"),
+    TensorDataType.FLOAT16: np.dtype("<f2"),
+    TensorDataType.DOUBLE: np.dtype("<f8"),
+    TensorDataType.UINT32: np.dtype("<u4"),
+    TensorDataType.UINT64: np.dtype("<u8"),
+    TensorDataType.COMPLEX64: np.dtype("<c8"),
+    TensorDataType.COMPLEX128: np.dtype("<c16"),
+}
+if _ml is not None:
+    _NUMPY.update(
+        {
+            TensorDataType.BFLOAT16: np.dtype(_ml.bfloat16),
+            TensorDataType.FLOAT8E4M3FN: np.dtype(_ml.float8_e4m3fn),
+            TensorDataType.FLOAT8E4M3FNUZ: np.dtype(_ml.float8_e4m3fnuz),
+            TensorDataType.FLOAT8E5M2: np.dtype(_ml.float8_e5m2),
+            TensorDataType.FLOAT8E5M2FNUZ: np.dtype(_ml.float8_e5m2fnuz),
+        }
+    )
+
+# Reverse map keyed by the dtype with native byte order, so '>f4' and '<f4' both match.
+_NUMPY_REVERSE: Dict[np.dtype, int] = {
+    dt.newbyteorder("="): code for code, dt in _NUMPY.items() if code != TensorDataType.STRING
+}
+
+
+def _torch_table() -> Dict[int, Any]:
+    """Built lazily so that importing the codec never imports torch."""
+    import torch
+
+    table: Dict[int, Any] = {}
+    wanted = {
+        TensorDataType.FLOAT: "float32",
+        TensorDataType.UINT8: "uint8",
+        TensorDataType.INT8: "int8",
+        TensorDataType.UINT16: "uint16",
+        TensorDataType.INT16: "int16",
+        TensorDataType.INT32: "int32",
+        TensorDataType.INT64: "int64",
+        TensorDataType.BOOL: "bool",
+        TensorDataType.FLOAT16: "float16",
+        TensorDataType.DOUBLE: "float64",
+        TensorDataType.UINT32: "uint32",
+        TensorDataType.UINT64: "uint64",
+        TensorDataType.COMPLEX64: "complex64",
+        TensorDataType.COMPLEX128: "complex128",
+        TensorDataType.BFLOAT16: "bfloat16",
+        TensorDataType.FLOAT8E4M3FN: "float8_e4m3fn",
+        TensorDataType.FLOAT8E4M3FNUZ: "float8_e4m3fnuz",
+        TensorDataType.FLOAT8E5M2: "float8_e5m2",
+        TensorDataType.FLOAT8E5M2FNUZ: "float8_e5m2fnuz",
+    }
+    for code, attr in wanted.items():
+        dt = getattr(torch, attr, None)  # older torch lacks uint16/32/64 and float8
+        if dt is not None:
+            table[code] = dt
+    return table
+
+
+_TORCH: Optional[Dict[int, Any]] = None
+
+
+def _torch_map() -> Dict[int, Any]:
+    global _TORCH
+    if _TORCH is None:
+        _TORCH = _torch_table()
+    return _TORCH
+
+
+def dtype_name(code: int) -> str:
+    """Upper-case ONNX name of ``code`` (``"FLOAT"``); never raises, for use in messages."""
+    try:
+        return TensorDataType(code).name
+    except ValueError:
+        return f"UNKNOWN({code})"
+
+
+def element_size(code: int) -> int:
+    """Bytes per element of a fixed-size type; ValueError for STRING/UNDEFINED/unknown."""
+    try:
+        return _ELEMENT_SIZE[code]
+    except KeyError:
+        raise ValueError(f"TensorDataType {dtype_name(code)} has no fixed element size") from None
+
+
+def numpy_dtype(code: int) -> np.dtype:
+    """Little-endian numpy dtype for ``code`` (STRING maps to ``object``)."""
+    try:
+        return _NUMPY[code]
+    except KeyError:
+        raise ValueError(f"TensorDataType {dtype_name(code)} has no numpy dtype") from None
+
+
+def torch_dtype(code: int) -> Any:
+    """torch dtype for ``code``; ValueError for STRING and for types this torch lacks."""
+    table = _torch_map()
+    try:
+        return table[code]
+    except KeyError:
+        raise ValueError(f"TensorDataType {dtype_name(code)} has no torch dtype") from None
+
+
+def code_from_numpy(dtype: Any) -> int:
+    """TensorDataType code of a numpy dtype; str/bytes/object dtypes map to STRING."""
+    dt = np.dtype(dtype)
+    if dt.kind in ("U", "S", "O"):
+        return int(TensorDataType.STRING)
+    try:
+        return int(_NUMPY_REVERSE[dt.newbyteorder("=")])
+    except KeyError:
+        raise ValueError(f"numpy dtype {dt} has no ONNX TensorDataType") from None
+
+
+def code_from_torch(dtype: Any) -> int:
+    """TensorDataType code of a torch dtype."""
+    for code, dt in _torch_map().items():
+        if dt == dtype:
+            return int(code)
+    raise ValueError(f"torch dtype {dtype} has no ONNX TensorDataType")
+
+
+def tensor_nbytes(data_type: int, dims: Sequence[int]) -> int:
+    """Raw byte size implied by ``dims`` and ``data_type`` (a 0-d tensor holds one element)."""
+    return math.prod(int(d) for d in dims) * element_size(data_type)
+
+
+def _check_payload(record: TensorRecord) -> int:
+    if any(int(d) < 0 for d in record.dims):
+        raise ValueError(f"tensor {record.name!r}: negative dimension in {tuple(record.dims)}")
+    need = tensor_nbytes(record.data_type, record.dims)
+    if len(record.raw_data) != need:
+        raise ValueError(
+            f"tensor {record.name!r}: {dtype_name(record.data_type)}{list(record.dims)} needs "
+            f"{need} bytes of raw_data, the record has {len(record.raw_data)}"
+        )
+    return need
+
+
+def _strings_of(flat: Sequence[Any]) -> List[str]:
+    out: List[str] = []
+    for item in flat:
+        if isinstance(item, (bytes, bytearray, np.bytes_)):
+            out.append(bytes(item).decode("utf-8"))
+        else:
+            out.append(str(item))
+    return out
+
+
+def tensor_record_from_numpy(name: str, array: Any, doc_string: str = "") -> TensorRecord:
+    """Record holding ``array`` as little-endian C-order bytes (strings go to ``string_data``)."""
+    arr = np.asarray(array)
+    code = code_from_numpy(arr.dtype)
+    dims = tuple(int(d) for d in arr.shape)
+    if code == TensorDataType.STRING:
+        return TensorRecord(
+            name=name,
+            data_type=code,
+            dims=dims,
+            raw_data=b"",
+            doc_string=doc_string,
+            string_data=_strings_of(arr.reshape(-1).tolist()),
+        )
+    little = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+    return TensorRecord(name=name, data_type=code, dims=dims, raw_data=little.tobytes(), doc_string=doc_string)
+
+
+def tensor_record_to_numpy(record: TensorRecord) -> np.ndarray:
+    """Writable numpy array of ``record``; ValueError if raw_data does not match dims/dtype."""
+    dims = tuple(int(d) for d in record.dims)
+    if record.data_type == TensorDataType.STRING:
+        strings = list(record.string_data or [])
+        if math.prod(dims) != len(strings):
+            raise ValueError(
+                f"tensor {record.name!r}: STRING{list(dims)} needs {math.prod(dims)} strings, "
+                f"the record has {len(strings)}"
+            )
+        arr = np.empty(len(strings), dtype=object)
+        arr[:] = strings
+        return arr.reshape(dims)
+    dt = numpy_dtype(record.data_type)
+    _check_payload(record)
+    return np.frombuffer(bytearray(record.raw_data), dtype=dt).reshape(dims)
+
+
+def tensor_record_from_torch(name: str, tensor: Any, doc_string: str = "") -> TensorRecord:
+    """Record holding a torch tensor's bytes, read through a uint8 view (no numpy dtype needed)."""
+    import torch
+
+    code = code_from_torch(tensor.dtype)
+    t = tensor.detach()
+    if t.layout != torch.strided:
+        raise ValueError(f"tensor {name!r}: only dense tensors can be stored, got {t.layout}")
+    t = t.resolve_conj().resolve_neg().to("cpu").contiguous()
+    dims = tuple(int(d) for d in t.shape)
+    if t.numel() == 0:
+        raw = b""
+    else:
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+    return TensorRecord(name=name, data_type=code, dims=dims, raw_data=raw, doc_string=doc_string)
+
+
+def tensor_record_to_torch(record: TensorRecord) -> Any:
+    """CPU torch tensor of ``record``, built with ``torch.frombuffer`` on a private copy."""
+    import torch
+
+    dt = torch_dtype(record.data_type)
+    dims = tuple(int(d) for d in record.dims)
+    _check_payload(record)
+    if len(record.raw_data) == 0:
+        # frombuffer rejects empty buffers
+        return torch.empty(dims, dtype=dt)
+    return torch.frombuffer(bytearray(record.raw_data), dtype=dt).reshape(dims)
+
