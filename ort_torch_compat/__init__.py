@@ -3,3 +3,23 @@
 `ort_torch_compat.api` is the drop-in replacement for `onnxruntime.training.api`.
 """
 __version__ = "0.1.0"
+
+# The C/C#/Objective-C training session surface (OrtTrainingApi), see docs/c_api.md.
+# Imported lazily so that `import ort_torch_compat.errors` (or the codec) stays light.
+_SESSION_EXPORTS = ("TrainingSession", "load_checkpoint", "load_checkpoint_from_buffer", "save_checkpoint", "set_seed")
+
+
+def __getattr__(name):
+    if name in _SESSION_EXPORTS:
+        from . import session
+
+        return getattr(session, name)
+    if name == "CheckpointState":
+        from .api.checkpoint_state import CheckpointState
+
+        return CheckpointState
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_SESSION_EXPORTS) + ["CheckpointState"])

@@ -1,13 +1,13 @@
-"""The optimizer step of ORT's training API over the engine's flat buffers.
+"""The optimizer step of ORT's training API.
 
 Moments live in flat tensors aligned with the flat parameter groups; the state's
 per-parameter moment tensors are views into them, so saving a checkpoint sees the live
-moments and a step is a few whole-buffer kernels.  Moments are materialised lazily at the
+moments, and a step is one fused multi-tensor kernel call per dtype group.  Moments are materialised lazily at the
 first step, as ORT does (which is what lets an optimizer exist over a nominal state).
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -28,11 +28,12 @@ class OptimizerEngine:
         if state.optimizer is None:
             state.optimizer = OptimizerState()
         self.group = state.optimizer
-        self._flat_moments: Optional[Dict[torch.dtype, list]] = None
+        self._groups: Optional[List[Tuple[List[torch.Tensor], List[List[torch.Tensor]]]]] = None
 
     # ---- moments ----------------------------------------------------------------------
-    def _materialize_moments(self) -> Dict[torch.dtype, list]:
-        """Flat moment buffers, filled from the loaded checkpoint or zeros (ORT rules)."""
+    def _materialize(self) -> List[Tuple[List[torch.Tensor], List[List[torch.Tensor]]]]:
+        """Per dtype group: the parameter views and, per moment kind, flat-backed moment views,
+        filled from the loaded checkpoint or with zeros (ORT's rules)."""
         store = self.engine.store
         loaded = self.group.moments
         trainable = [n for group in store.groups.values() for n in group.names]
@@ -40,42 +41,43 @@ class OptimizerEngine:
             missing = [n for n in trainable if n not in loaded]
             if missing:
                 raise ModelMismatchError(f"Parameter {missing[0]} not found in the source optimizer checkpoint states.")
-        flats: Dict[torch.dtype, list] = {}
-        moments: Dict[str, Dict[str, torch.Tensor]] = {}
-        for dtype, group in store.groups.items():
-            buffers = [torch.zeros_like(group.data) for _ in self.spec.moment_names]
-            for index, name in enumerate(group.names):
-                views = {}
-                for key, flat in zip(self.spec.moment_names, buffers):
-                    view = group.view(flat, index)
+        moments: Dict[str, Dict[str, torch.Tensor]] = {name: {} for name in trainable}
+        groups = []
+        for group in store.groups.values():
+            per_kind = []
+            for key in self.spec.moment_names:
+                flat = torch.zeros_like(group.data)
+                views = [group.view(flat, index) for index in range(len(group.names))]
+                for name, view in zip(group.names, views):
                     source = loaded.get(name, {}).get(key) if loaded else None
                     if source is not None:
                         view.copy_(source.reshape(view.shape))
-                    views[key] = view
-                moments[name] = views
-            flats[dtype] = buffers
+                    moments[name][key] = view
+                per_kind.append(views)
+            params = [self.engine.state.parameters[name].tensor for name in group.names]
+            groups.append((params, per_kind))
         self.group.moments = moments
-        return flats
+        return groups
 
     # ---- step -------------------------------------------------------------------------
     def step(self) -> None:
+        """One update of every trainable parameter (ORT updates all, with or without grads)."""
         if self.engine.state.is_nominal:
             raise NominalStateError("Cannot perform an optimizer step with a nominal state. Load the parameters first.")
-        if self._flat_moments is None:
-            self._flat_moments = self._materialize_moments()
-        store = self.engine.store
+        if self._groups is None:
+            self._groups = self._materialize()
         lr = self.group.learning_rate
         fed_step = self.group.step + 1
-        for dtype, group in store.groups.items():
-            moments = self._flat_moments[dtype]
+        a = self.spec.attributes
+        for params, moments in self._groups:
+            grads = [param.grad for param in params]
             if self.spec.kind == "SGD":
-                sgd_step([group.data], [group.grad], lr=lr)
+                sgd_step(params, grads, lr=lr)
             else:
-                a = self.spec.attributes
                 adamw_step(
-                    [group.data], [group.grad], [moments[0]], [moments[1]],
-                    lr=lr, step=fed_step, alpha=a["alpha"], beta=a["beta"], epsilon=a["epsilon"],
-                    weight_decay=a["weight_decay"], adam_mode=int(a["adam_mode"]), correct_bias=bool(a["correct_bias"]),
+                    params, grads, moments[0], moments[1], lr=lr, step=fed_step, alpha=a["alpha"], beta=a["beta"],
+                    epsilon=a["epsilon"], weight_decay=a["weight_decay"], adam_mode=int(a["adam_mode"]),
+                    correct_bias=bool(a["correct_bias"]),
                 )
         self.group.step = fed_step
 

@@ -1,10 +1,11 @@
-"""Flat parameter, gradient and moment storage.
+"""Parameter and gradient storage on the engine's device.
 
 All trainable parameters of one dtype live in one contiguous tensor, in training-graph
-input order (ORT's contiguous-buffer order); each named parameter is a leaf view into it,
-and its `.grad` is a view into a matching flat gradient tensor.  Autograd then accumulates
-gradients in place, the optimizer updates every parameter with a handful of whole-buffer
-kernels (no Python loop over parameters), and get/copy of the contiguous buffer is a copy.
+input order (ORT's contiguous-buffer order); each named parameter is a leaf view into it.
+Gradients are the leaves' `.grad` tensors: on the first train step after a reset they are
+dropped so autograd hands over its freshly computed gradients without a copy (ORT's
+"overwrite"), on later steps autograd adds into them in place (ORT's "accumulate").  That
+costs no extra pass over the gradients, where a persistent zeroed buffer would cost two.
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ class FlatGroup:
 
     dtype: torch.dtype
     data: torch.Tensor
-    grad: torch.Tensor
     names: List[str] = field(default_factory=list)
     spans: List[Tuple[int, int, torch.Size]] = field(default_factory=list)
 
@@ -41,6 +41,7 @@ class ParameterStore:
         extra = [name for name in state.parameters if name not in set(order)]
         self.order: List[str] = list(order) + extra
         self.groups: Dict[torch.dtype, FlatGroup] = {}
+        self.trainable: List[torch.Tensor] = []
         self._build(shapes)
 
     def _initial_value(self, slot: ParameterSlot, shape: Optional[Tuple[int, ...]]) -> torch.Tensor:
@@ -61,11 +62,9 @@ class ParameterStore:
                 by_dtype.setdefault(values[name].dtype, []).append(name)
             else:
                 slot.tensor = values[name].to(self.device).contiguous()
-                slot.grad = None
         for dtype, names in by_dtype.items():
             total = sum(values[name].numel() for name in names)
-            group = FlatGroup(dtype, torch.empty(total, dtype=dtype, device=self.device),
-                              torch.zeros(total, dtype=dtype, device=self.device))
+            group = FlatGroup(dtype, torch.empty(total, dtype=dtype, device=self.device))
             offset = 0
             for name in names:
                 value = values[name]
@@ -77,24 +76,22 @@ class ParameterStore:
                 with torch.no_grad():
                     view.copy_(values[name])
                 view.requires_grad_(True)
-                view.grad = group.view(group.grad, index)
-                slot = self.state.parameters[name]
-                slot.tensor = view
-                slot.grad = view.grad
+                view.grad = torch.zeros_like(view)  # ORT creates zeroed gradient buffers per Module
+                self.state.parameters[name].tensor = view
+                self.trainable.append(view)
             self.groups[dtype] = group
 
     # ---- gradients -------------------------------------------------------------------
-    def zero_grads(self) -> None:
-        for group in self.groups.values():
-            group.grad.zero_()
+    def release_grads(self) -> None:
+        """Let the next backward pass install fresh gradients (ORT's overwrite)."""
+        for tensor in self.trainable:
+            tensor.grad = None
 
-    def rebind_grads(self) -> None:
-        """Re-point `.grad` at the flat buffers (a user may have assigned `param.grad`)."""
-        for group in self.groups.values():
-            for index, name in enumerate(group.names):
-                tensor = self.state.parameters[name].tensor
-                if tensor.grad is None or tensor.grad.data_ptr() != group.view(group.grad, index).data_ptr():
-                    tensor.grad = group.view(group.grad, index)
+    def fill_missing_grads(self) -> None:
+        """Parameters the loss does not depend on keep a zero gradient, as in ORT."""
+        for tensor in self.trainable:
+            if tensor.grad is None:
+                tensor.grad = torch.zeros_like(tensor)
 
     # ---- contiguous buffers (ORT's CopyParametersToBuffer / CopyBufferToParameters) ---
     def selected(self, trainable_only: bool) -> List[str]:

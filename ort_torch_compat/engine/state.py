@@ -27,7 +27,13 @@ class ParameterSlot:
     data_type: int
     requires_grad: bool
     tensor: Optional[torch.Tensor]
-    grad: Optional[torch.Tensor] = None
+
+    @property
+    def grad(self) -> Optional[torch.Tensor]:
+        """The accumulated gradient; None for frozen params and states with no Module."""
+        if not self.requires_grad or self.tensor is None:
+            return None
+        return self.tensor.grad
 
 
 @dataclass

@@ -73,12 +73,14 @@ class TrainingEngine:
         check_inputs(self.train_io.user_inputs, inputs, "train step")
         feeds = self._to_device(inputs)
         if not self._accumulate:
-            self.store.zero_grads()
+            self.store.release_grads()
         with torch.enable_grad():
             outputs = self.train_module(*feeds, *self._train_params)
             loss = outputs[0]
             if loss.requires_grad:
                 loss.backward(torch.ones_like(loss) if loss.dim() else None)
+        if not self._accumulate:
+            self.store.fill_missing_grads()
         self._accumulate = True
         return [out.detach() for out in outputs]
 

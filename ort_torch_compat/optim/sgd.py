@@ -9,5 +9,4 @@ import torch
 
 def sgd_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], *, lr: float) -> None:
     with torch.no_grad():
-        for w, g in zip(params, grads):
-            w.add_(g, alpha=float(-np.float32(lr)))
+        torch._foreach_add_(list(params), list(grads), alpha=float(-np.float32(lr)))

@@ -1,12 +1,15 @@
-"""Gemm as one fused `addmm` call.
+"""Gemm as one fused BLAS call.
 
 onnx2torch's functional Gemm multiplies by alpha and beta even when they are 1, adding two
 full passes over the activations (and their backward) to every dense layer; training
-steps are dominated by dense layers, so this matters.
+steps are dominated by dense layers, so this matters.  The common dense layer
+(transB=1, alpha=beta=1, 1-D bias) goes through `F.linear`, whose backward produces the
+weight gradient in the weight's own layout (no transposed copy when it is stored).
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
@@ -16,8 +19,11 @@ class Gemm(OnnxModule):
     def __init__(self, alpha: float, beta: float, trans_a: bool, trans_b: bool):
         super().__init__()
         self.alpha, self.beta, self.trans_a, self.trans_b = alpha, beta, trans_a, trans_b
+        self.linear = trans_b and not trans_a and alpha == 1.0 and beta == 1.0
 
     def forward(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
+        if self.linear and (c is None or c.dim() == 1):
+            return F.linear(a, b, c)
         if self.trans_a:
             a = a.t()
         if self.trans_b:

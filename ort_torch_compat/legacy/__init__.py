@@ -1,0 +1,11 @@
+"""The legacy `onnxruntime.TrainingSession` / `TrainingParameters` API (onnxruntime-training 1.10 era).
+
+    from ort_torch_compat.legacy import TrainingParameters, TrainingSession
+
+See docs/legacy.md for what is supported, and the optimizer formulas.
+"""
+from .parameters import TrainingParameters
+from .session import TrainingSession
+from .session_info import ModelMetadata, NodeArg, SessionOptions
+
+__all__ = ["TrainingSession", "TrainingParameters", "NodeArg", "ModelMetadata", "SessionOptions"]
