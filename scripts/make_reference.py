@@ -69,6 +69,7 @@ class Config:
     opset: int
     extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
     note: str = ""
+    expect_fail: bool = False  # probe of a known ORT limitation; recorded in UNSUPPORTED_BY_ORT.md
 
 
 def all_configs() -> List[Config]:
@@ -109,6 +110,12 @@ def all_configs() -> List[Config]:
                "copy_buffer_to_parameters(real buffer, trainable_only=False)"),
         Config("cnn_mse_sgd_nominal_op17", "cnn", "mse", "sgd", 17, {"nominal": True},
                "nominal checkpoint with frozen BN running stats"),
+        # Probes: what happens WITHOUT the workarounds in prepare_for_artifacts.py.
+        Config("transformer_mse_adamw_noprep_op17", "transformer", "mse", "adamw", 17, {"skip_prepare": True},
+               "LayerNormalization left with 1 output (no prepare_model)", expect_fail=True),
+        Config("cnn_mse_sgd_noevalprune_op17", "cnn", "mse", "sgd", 17, {"skip_eval_prune": True},
+               "generated eval model keeps the 3-output BatchNormalization (training_mode=0)",
+               expect_fail=True),
     ]
     return cfgs
 
@@ -169,7 +176,11 @@ def build_model(family: str, loss: str):
     class CNN(nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv1 = nn.Conv2d(2, 4, 3, padding=1)
+            # No bias before BN: its gradient is mathematically zero (BN removes the mean), so
+            # ORT's gradient is rounding noise that AdamW's m/sqrt(v) turns into lr-sized steps
+            # in arbitrary directions, which then leak into bn.running_mean; such a reference
+            # cannot be reproduced by another implementation.  conv2 keeps its bias.
+            self.conv1 = nn.Conv2d(2, 4, 3, padding=1, bias=False)
             self.bn = nn.BatchNorm2d(4)
             self.pool = nn.MaxPool2d(2)
             self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
@@ -328,7 +339,7 @@ def _user_inputs(model, params: List[str]) -> List[Any]:
 def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
     """Generate one fixture. Returns a result dict; raises on failure (caller records it)."""
     stage = "import"
-    result: Dict[str, Any] = {"name": cfg.name, "ok": False}
+    result: Dict[str, Any] = {"name": cfg.name, "ok": False, "expect_fail": cfg.expect_fail}
     try:
         import numpy as np
         import onnx
@@ -377,7 +388,10 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
         export_opset = {o.domain: o.version for o in exported.opset_import}
 
         stage = "prepare_model"
-        prepared = prep.prepare_model(exported)
+        if cfg.extra.get("skip_prepare"):
+            prepared = prep.set_ir_version(onnx.ModelProto.FromString(exported.SerializeToString()))
+        else:
+            prepared = prep.prepare_model(exported)
         inits = [i.name for i in prepared.graph.initializer]
         pnames = dict(model.named_parameters())
         bnames = dict(model.named_buffers())
@@ -421,7 +435,7 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
         for f in sorted(d.glob("*.onnx")):
             m = onnx.load(str(f))
             before = m.ir_version
-            if f.name == "eval_model.onnx":
+            if f.name == "eval_model.onnx" and not cfg.extra.get("skip_eval_prune"):
                 n_bn = prep.prune_batchnorm_outputs(m.graph)
                 if n_bn:
                     patches.append(f"eval_model.onnx: pruned {n_bn} unused BatchNormalization outputs")
@@ -434,7 +448,7 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
             patches += [f"optimizer_model.onnx: {e}" for e in
                         _set_adamw_attr(d / "optimizer_model.onnx", adam_mode=adam_mode)]
         n_ln = sum(1 for n in exported.graph.node if n.op_type == "LayerNormalization")
-        if n_ln:
+        if n_ln and not cfg.extra.get("skip_prepare"):
             patches.insert(0, f"input model: declared Mean/InvStdDev outputs on {n_ln} LayerNormalization nodes")
 
         stage = "inspect artifacts"
@@ -502,11 +516,20 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
         spec["ort_deterministic"] = not diffs
         if diffs:
             spec["ort_nondeterminism"] = diffs[:20]
+        if spec["nominal"]:
+            stage = "nominal vs full checkpoint check"
+            full = scenario.run_scenario(ort_api, d, dict(spec, nominal=False))
+            ndiff = scenario.compare(full, expected, rtol=0.0, atol=0.0, ignore=["nominal/*"])
+            spec["nominal_matches_full_checkpoint"] = not ndiff
+            if ndiff:
+                spec["nominal_differences"] = ndiff[:20]
         (d / "spec.json").write_text(json.dumps(spec, indent=1) + "\n")
         stage = "save expected.npz"
-        np.savez_compressed(d / "expected.npz", **expected)
+        save_npz(d / "expected.npz", expected)
         loss_final = float(np.asarray(expected["step5/call1/loss"]).reshape(-1)[0])
         loss_first = float(np.asarray(expected["step1/call1/loss"]).reshape(-1)[0])
+        if cfg.expect_fail:  # a probe that passes is reported, but leaves no fixture behind
+            shutil.rmtree(d)
         result.update(ok=True, keys=len(expected), loss_first=loss_first, loss_last=loss_final,
                       n_trainable=len(requires_grad), n_frozen=len(frozen), patches=patches,
                       bytes=sum(f.stat().st_size for f in d.iterdir()), deterministic=not diffs,
@@ -519,6 +542,20 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
         result.update(ok=False, stage=stage, error=f"{type(exc).__name__}: {exc}",
                       traceback=traceback.format_exc()[-4000:])
         return result
+
+
+def save_npz(path: pathlib.Path, arrays: Dict[str, Any]) -> None:
+    """Like ``np.savez_compressed`` but byte-reproducible (fixed zip timestamps, sorted keys)."""
+    import zipfile
+    import numpy as np
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for key in sorted(arrays):
+            bio = io.BytesIO()
+            np.lib.format.write_array(bio, np.asanyarray(arrays[key]), allow_pickle=False)
+            info = zipfile.ZipInfo(key + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, bio.getvalue(), compresslevel=9)
 
 
 def _output_last_dim(train_m, eval_m) -> int:
@@ -555,7 +592,7 @@ def run_scheduler_worker(out_root: pathlib.Path) -> Dict[str, Any]:
         data[f"{key}/lr"] = res["lr"]
         data[f"{key}/args"] = np.array([warmup, total, lr, steps], dtype=np.float64)
         lines.append(f"{key}: " + " ".join(f"{v:.4g}" for v in res["lr"]))
-    np.savez_compressed(out_root / "scheduler.npz", **data)
+    save_npz(out_root / "scheduler.npz", data)
     return {"name": "scheduler", "ok": True, "trace": lines}
 
 
@@ -592,16 +629,29 @@ def _read_unsupported(path: pathlib.Path) -> Dict[str, str]:
 
 
 def _section(name: str, res: Dict[str, Any], cfg: Optional[Config]) -> str:
-    err = res.get("error", "")
-    tb = res.get("traceback", "")
+    err = _scrub(res.get("error", ""))
+    tb = _scrub(res.get("traceback", ""))
     txt = f"## {name}\n\n"
     if cfg is not None:
         txt += (f"- family `{cfg.family}`, loss `{cfg.loss}`, optimizer `{cfg.optim}`, opset {cfg.opset}"
                 + (f", extra `{json.dumps(cfg.extra)}`" if cfg.extra else "") + "\n")
+    if cfg is not None and cfg.expect_fail:
+        txt += (f"- **probe** (expected to fail): {cfg.note}. The real fixtures avoid this with "
+                "`scripts/prepare_for_artifacts.py`.\n")
+    elif cfg is not None and cfg.note:
+        txt += f"- {cfg.note}\n"
     txt += f"- failing stage: **{res.get('stage', '?')}**\n- error: `{_one_line(err)}`\n\n"
     if tb:
         txt += "```\n" + tb.strip() + "\n```\n"
     return txt + "\n"
+
+
+def _scrub(s: str) -> str:
+    """Drop machine-specific path prefixes from recorded error text."""
+    import sysconfig
+    for prefix, repl in ((str(REPO) + "/", ""), (sysconfig.get_paths()["purelib"] + "/", "<site-packages>/")):
+        s = s.replace(prefix, repl)
+    return s
 
 
 def _one_line(s: str, n: int = 600) -> str:
@@ -619,9 +669,20 @@ def write_unsupported(out_root: pathlib.Path, results: Dict[str, Dict[str, Any]]
     head = (f"# Configs onnxruntime-training {_ort_version()} could not generate or run\n\n{MARK}\n\n"
             "Each section is a config from `scripts/make_reference.py` that has no fixture directory because\n"
             "a stage (export, `generate_artifacts`, loading or running with `onnxruntime.training.api`) failed.\n"
-            "The stage and the error text are recorded as produced.\n\n")
-    if not sections:
-        head += "(none)\n"
+            "The stage and the error text are recorded as produced.\n\n"
+            "Workarounds applied to every fixture (so these are *not* failures; see\n"
+            "`scripts/prepare_for_artifacts.py` and each fixture's `spec.json` `patches`):\n\n"
+            "- LayerNormalization nodes get their two optional outputs declared before `generate_artifacts`\n"
+            "  (otherwise gradient building fails; probe `transformer_mse_adamw_noprep_op17`).\n"
+            "- The generated eval model's BatchNormalization (training_mode=0) loses its unused running_mean/var\n"
+            "  outputs (otherwise ORT refuses the eval model; probe `cnn_mse_sgd_noevalprune_op17`). Pruning them\n"
+            "  *before* `generate_artifacts` is not possible: onnxblock's checker requires 3 outputs when\n"
+            "  training_mode=1.\n"
+            "- `ir_version` of every generated .onnx is lowered to 10 (onnx 1.23 writes 14 into the optimizer\n"
+            "  model; ORT 1.19 loads at most 10).\n"
+            "- adam_mode=0 configs: the AdamWOptimizer attribute was hand-edited; ORT runs it.\n\n")
+    n_real = sum(1 for k in sections if not (cfgs.get(k) and cfgs[k].expect_fail))
+    head += f"Real (non-probe) configs that failed: {n_real if n_real else 'none'}.\n\n"
     path.write_text(head + "".join(sections[k] for k in sorted(sections)))
 
 
@@ -681,7 +742,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             res = fut.result()
             res.setdefault("name", name)
             results[name] = res
+            res["expect_fail"] = by_name[name].expect_fail
             status = "ok" if res.get("ok") else f"FAILED at {res.get('stage')}"
+            if by_name[name].expect_fail:
+                status += " (expected failure)" if not res.get("ok") else " (UNEXPECTED: probe passed)"
             print(f"[{time.time() - t0:6.1f}s] {name}: {status}", flush=True)
     if want_sched:
         res = _spawn(["--scheduler-worker", "--out", str(out_root)])
@@ -698,22 +762,27 @@ def main(argv: Optional[List[str]] = None) -> int:
             continue
         if res.get("ok"):
             notes = [] if res.get("deterministic", True) else ["ORT NONDETERMINISTIC"]
+            if res.get("expect_fail"):
+                notes.append("PROBE UNEXPECTEDLY PASSED")
             if res.get("export_note"):
                 notes.append("version_converter")
             print(f"{name:44s} {'ok':8s} {res['n_trainable']:5d} {res['n_frozen']:3d} {res['loss_first']:10.5f} "
                   f"{res['loss_last']:10.5f} {res['bytes'] / 1024:6.1f}  {'; '.join(notes)}")
         else:
-            print(f"{name:44s} {'FAILED':8s} {'':5s} {'':3s} {'':10s} {'':10s} {'':6s}  "
+            print(f"{name:44s} {'XFAIL' if res.get('expect_fail') else 'FAILED':8s} {'':5s} {'':3s} {'':10s} {'':10s} {'':6s}  "
                   f"{res.get('stage')}: {_one_line(res.get('error', ''), 90)}")
     if "scheduler" in results:
         r = results["scheduler"]
         print("\nscheduler.npz:", "ok" if r.get("ok") else f"FAILED: {r.get('error')}")
         for line in r.get("trace", []):
             print("  " + line)
-    total = sum(f.stat().st_size for f in out_root.rglob("*") if f.is_file())
+    ours = [out_root / c.name for c in cfgs] + [out_root / "scheduler.npz", out_root / "UNSUPPORTED_BY_ORT.md"]
+    total = sum(f.stat().st_size for p in ours if p.exists()
+                for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
     n_ok = sum(1 for k, r in results.items() if r.get("ok") and k != "scheduler")
-    n_bad = sum(1 for k, r in results.items() if not r.get("ok") and k != "scheduler")
-    print(f"\n{n_ok} configs ok, {n_bad} failed (see {out_root / 'UNSUPPORTED_BY_ORT.md'}); "
+    n_bad = sum(1 for k, r in results.items() if not r.get("ok") and k != "scheduler" and not r.get("expect_fail"))
+    n_x = sum(1 for k, r in results.items() if not r.get("ok") and k != "scheduler" and r.get("expect_fail"))
+    print(f"\n{n_ok} configs ok, {n_bad} failed, {n_x} probes failed as expected (see {out_root / 'UNSUPPORTED_BY_ORT.md'}); "
           f"fixtures total {total / 1e6:.2f} MB; {time.time() - t0:.0f}s")
     return 0
 
