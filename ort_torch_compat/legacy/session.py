@@ -104,7 +104,7 @@ class TrainingSession:
 
         self._loss = params.loss_output_name
         if not self._loss:
-            raise ValueError("TrainingParameters.loss_output_name must name the output of the graph that holds the loss")
+            raise ValueError("TrainingParameters.loss_output_name must name the graph output that holds the loss")
         if self._loss not in self._produced:
             raise ModelLoadError(f"loss output '{self._loss}' is not produced by any node of {self._label}")
         if self._loss not in {o.name for o in graph.output}:
@@ -129,7 +129,8 @@ class TrainingSession:
                             if params.set_gradients_as_graph_outputs else {})
         self._optimizer = params.training_optimizer_name
         if self._optimizer and self._optimizer not in OPTIMIZERS:
-            raise ValueError(f"training_optimizer_name '{self._optimizer}' is not supported; use one of {list(OPTIMIZERS)}")
+            raise ValueError(f"training_optimizer_name '{self._optimizer}' is not supported; "
+                             f"use one of {list(OPTIMIZERS)}")
         self._lr_name = params.lr_params_feed_name
         self._accumulation_steps = int(params.gradient_accumulation_steps)
         if self._accumulation_steps < 1:
@@ -140,7 +141,8 @@ class TrainingSession:
         self._update_count: Dict[str, int] = {}
         self._step = 1
         if self._optimizer in ("AdamOptimizer", "LambOptimizer"):
-            self._moments = {w: (torch.zeros_like(p.detach()), torch.zeros_like(p.detach())) for w, p in self._params.items()}
+            self._moments = {w: (torch.zeros_like(p.detach()), torch.zeros_like(p.detach()))
+                             for w, p in self._params.items()}
         if self._optimizer == "AdamOptimizer":
             self._update_count = {w: 1 for w in self._weights}
         self._apply_initial_state(params.optimizer_initial_state)
@@ -150,7 +152,8 @@ class TrainingSession:
         self._forward_for([self._loss])  # convert now: unsupported operators fail at construction
 
     # ---- the training step ------------------------------------------------------------
-    def run(self, output_names: Optional[Sequence[str]], input_feed: Dict[str, Any], run_options=None) -> List[np.ndarray]:
+    def run(self, output_names: Optional[Sequence[str]], input_feed: Dict[str, Any],
+            run_options=None) -> List[np.ndarray]:
         """One training step; returns the requested outputs (computed before the update) as numpy arrays."""
         fetches = [arg.name for arg in self.get_outputs()] if not output_names else list(output_names)
         valid = {arg.name for arg in self._output_args} | set(self._grad_names)
@@ -217,8 +220,8 @@ class TrainingSession:
     def _learning_rate(self, feeds: Dict[str, torch.Tensor]) -> float:
         if self._lr_name not in feeds:
             raise InvalidInputError(
-                f"Missing Input: {self._lr_name} (the learning rate feed named by TrainingParameters.lr_params_feed_name "
-                "is required on every step that updates the weights)")
+                f"Missing Input: {self._lr_name} (the learning rate feed named by "
+                "TrainingParameters.lr_params_feed_name is required on every step that updates the weights)")
         value = feeds[self._lr_name]
         if value.numel() != 1 or not value.dtype.is_floating_point:
             raise InvalidInputError(f"learning rate '{self._lr_name}' must be one float value (shape [1]), "
@@ -281,7 +284,8 @@ class TrainingSession:
         else:
             first = attrs[0]
             kernels.lamb_update(
-                weights, grads, [self._moments[w][0] for w in self._weights], [self._moments[w][1] for w in self._weights],
+                weights, grads,
+                [self._moments[w][0] for w in self._weights], [self._moments[w][1] for w in self._weights],
                 lr=lr, step=self._step, alphas=[a["alpha"] for a in attrs], betas=[a["beta"] for a in attrs],
                 lambdas=[a["lambda"] for a in attrs], epsilons=[a["epsilon"] for a in attrs], divisors=divisors,
                 ratio_min=first["ratio_min"], ratio_max=first["ratio_max"],
@@ -370,8 +374,8 @@ class TrainingSession:
                     self._step = _int_state(entries["Step"], "Step")
                 continue
             if key not in self._params:
-                warnings.warn(f"optimizer initial state for '{key}' ignored: it is not a trained weight", RuntimeWarning,
-                              stacklevel=3)
+                warnings.warn(f"optimizer initial state for '{key}' ignored: it is not a trained weight",
+                              RuntimeWarning, stacklevel=3)
                 continue
             weight = self._params[key]
             for prefix, array in entries.items():
@@ -385,8 +389,8 @@ class TrainingSession:
                 elif prefix == "Update_Count" and key in self._update_count:
                     self._update_count[key] = _int_state(array, f"Update_Count of '{key}'")
                 else:
-                    warnings.warn(f"optimizer initial state '{prefix}' of '{key}' ignored by {self._optimizer or 'no optimizer'}",
-                                  RuntimeWarning, stacklevel=3)
+                    warnings.warn(f"optimizer initial state '{prefix}' of '{key}' ignored by "
+                                  f"{self._optimizer or 'no optimizer'}", RuntimeWarning, stacklevel=3)
 
     # ---- inference-session accessors ----------------------------------------------------
     def get_inputs(self) -> List[NodeArg]:
@@ -504,7 +508,8 @@ def _select_weights(graph: onnx.GraphProto, initializers: Dict[str, onnx.TensorP
     requested = {str(name) for name in params.weights_to_train}
     unknown = sorted(requested - set(initializers))
     if unknown:
-        warnings.warn(f"weights_to_train {unknown} are not initializers of {label}; ignored", RuntimeWarning, stacklevel=4)
+        warnings.warn(f"weights_to_train {unknown} are not initializers of {label}; ignored", RuntimeWarning,
+                      stacklevel=4)
     chosen = requested & set(initializers)
     if not chosen:
         chosen = _default_trainable(graph, initializers, loss, params.immutable_weights)

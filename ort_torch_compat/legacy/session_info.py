@@ -48,7 +48,12 @@ class NodeArg:
         return cls(tensor.name, f"tensor({ONNX_TYPE_NAMES.get(tensor.data_type, 'undefined')})", list(tensor.dims))
 
     def __eq__(self, other: Any) -> bool:
-        return isinstance(other, NodeArg) and (self.name, self.type, self.shape) == (other.name, other.type, other.shape)
+        if not isinstance(other, NodeArg):
+            return NotImplemented
+        return (self.name, self.type, self.shape) == (other.name, other.type, other.shape)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.type))
 
     def __repr__(self) -> str:
         return f"NodeArg(name='{self.name}', type='{self.type}', shape={self.shape})"
