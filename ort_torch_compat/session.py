@@ -30,6 +30,7 @@ from .api.ortvalue import OrtValue
 from .engine import OptimizerEngine, TrainingEngine, load_state, save_state
 from .engine.export import export_inference_model
 from .engine.model_io import describe
+from .engine.optimizer_engine import learning_rate_value
 from .errors import InvalidInputError, ModelLoadError, OrtTorchCompatError, ReleasedError
 
 __all__ = ["TrainingSession", "load_checkpoint", "load_checkpoint_from_buffer", "save_checkpoint", "set_seed"]
@@ -306,7 +307,7 @@ class TrainingSession:
         """`SetLearningRate`: set the current learning rate (stored as float32).  Does not change
         the initial learning rate a registered scheduler scales; its next `scheduler_step()`
         overwrites this value."""
-        self._require_optimizer("set_learning_rate", "SetLearningRate").set_learning_rate(float(learning_rate))
+        self._require_optimizer("set_learning_rate", "SetLearningRate").set_learning_rate(learning_rate)
 
     @_live
     def get_learning_rate(self) -> float:
@@ -326,8 +327,9 @@ class TrainingSession:
         """
         optimizer = self._require_optimizer("register_linear_lr_scheduler", "RegisterLinearLRScheduler")
         warmup, total = _step_count(warmup_step_count, "warmup_step_count"), _step_count(total_step_count, "total_step_count")
+        initial_lr = learning_rate_value(initial_lr, "initial_lr")  # checked before anything changes
         optimizer.apply_linear_schedule(warmup, total)  # the C++ scheduler's constructor steps once ...
-        optimizer.set_initial_learning_rate(float(initial_lr))  # ... then RegisterScheduler sets the initial lr
+        optimizer.set_initial_learning_rate(initial_lr)  # ... then RegisterScheduler sets the initial lr
         self._scheduler = (warmup, total)
 
     @_live

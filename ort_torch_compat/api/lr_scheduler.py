@@ -8,6 +8,7 @@ behaviour, the one ORT's C API has.
 """
 from __future__ import annotations
 
+from ..engine.optimizer_engine import step_count_value
 from .optimizer import Optimizer
 
 
@@ -15,6 +16,9 @@ class LinearLRScheduler:
     def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int, initial_lr: float,
                  *, corrected: bool = False):
         self._optimizer = optimizer._optimizer
+        # Counts must be ints (ORT's binding raises TypeError otherwise); negatives are allowed, as in ORT.
+        warmup_step_count = step_count_value(warmup_step_count, "warmup_step_count")
+        total_step_count = step_count_value(total_step_count, "total_step_count")
         if corrected:
             self._warmup, self._total = warmup_step_count, total_step_count
         else:

@@ -7,6 +7,7 @@ from typing import List, Tuple, Union
 import torch
 
 from ..codec import (
+    CheckpointFormatError,
     CheckpointRecord,
     OptimizerGroupRecord,
     ParameterOptimizerStateRecord,
@@ -27,10 +28,15 @@ PathLike = Union[str, "os.PathLike[str]"]
 def load_state(source: Union[PathLike, bytes, bytearray, memoryview]) -> TrainingState:
     """Load a checkpoint file (or its bytes, like ORT's LoadCheckpointFromBuffer)."""
     if isinstance(source, (bytes, bytearray, memoryview)):
-        record = decode_checkpoint(source, source="<buffer>")
+        name = "<buffer>"
+        record = decode_checkpoint(source, source=name)
     else:
-        record = read_checkpoint(os.fspath(source))
-    return state_from_record(record)
+        name = os.fsdecode(os.fspath(source))
+        record = read_checkpoint(name)
+    try:
+        return state_from_record(record)
+    except ValueError as error:  # well-formed file, impossible tensor (dtype/size): still a bad checkpoint
+        raise CheckpointFormatError(name, str(error)) from error
 
 
 def state_from_record(record: CheckpointRecord) -> TrainingState:
@@ -99,4 +105,11 @@ def record_from_state(state: TrainingState, include_optimizer_state: bool) -> Ch
 def save_state(state: TrainingState, path: PathLike, include_optimizer_state: bool = False) -> None:
     """Atomically write the state; external data exactly when the loaded state had it (as ORT)."""
     record = record_from_state(state, include_optimizer_state)
-    write_checkpoint(record, os.fspath(path), external_min_bytes=0 if state.has_external_data else None)
+    target = os.fspath(path)
+    try:
+        write_checkpoint(record, target, external_min_bytes=0 if state.has_external_data else None)
+    except OSError as error:
+        if error.filename is not None:
+            raise  # the codec's message already names the file
+        raise type(error)(error.errno, f"cannot save checkpoint {os.fsdecode(target)}: {error.strerror or error}",
+                          os.fsdecode(target)) from error

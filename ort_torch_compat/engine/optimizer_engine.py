@@ -7,6 +7,7 @@ first step, as ORT does (which is what lets an optimizer exist over a nominal st
 """
 from __future__ import annotations
 
+import operator
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -17,6 +18,21 @@ from ..optim import OptimizerSpec, adamw_step, linear_lr_factor, parse_optimizer
 from .model_io import ModelSource, describe, load_model
 from .state import OptimizerState
 from .training_engine import TrainingEngine
+
+
+def learning_rate_value(lr: object, what: str) -> float:
+    """`lr` as a float32-rounded float; TypeError for what ORT's float binding refuses (str, None, arrays)."""
+    if isinstance(lr, (str, bytes)) or not hasattr(type(lr), "__float__") or getattr(lr, "ndim", 0):
+        raise TypeError(f"{what} must be a number, got {type(lr).__name__} {lr!r}")
+    return float(np.float32(float(lr)))
+
+
+def step_count_value(value: object, what: str) -> int:
+    """An int step count (negative allowed, as ORT); TypeError for floats, str, None."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}") from None
 
 
 class OptimizerEngine:
@@ -83,14 +99,14 @@ class OptimizerEngine:
 
     # ---- learning rate ------------------------------------------------------------------
     def set_learning_rate(self, lr: float) -> None:
-        self.group.learning_rate = float(np.float32(lr))
+        self.group.learning_rate = learning_rate_value(lr, "learning rate")
 
     def get_learning_rate(self) -> float:
         return self.group.learning_rate
 
     def set_initial_learning_rate(self, lr: float) -> None:
-        self.group.initial_learning_rate = float(np.float32(lr))
-        self.group.learning_rate = float(np.float32(lr))
+        self.group.initial_learning_rate = learning_rate_value(lr, "initial learning rate")
+        self.group.learning_rate = self.group.initial_learning_rate
 
     def apply_linear_schedule(self, warmup_step_count: int, total_step_count: int) -> None:
         """lr = initial_lr * f(completed steps): the scheduler keeps no counter of its own."""

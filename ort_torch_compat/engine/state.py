@@ -66,6 +66,8 @@ class TrainingState:
         return sorted(self.parameters, key=lambda n: n.encode())
 
     def set_property(self, name: str, value: PropertyValue) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"Property names must be str, got {type(name).__name__} {name!r}")
         self.properties[name] = normalize_property(name, value)
 
     def get_property(self, name: str) -> PropertyValue:

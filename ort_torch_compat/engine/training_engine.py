@@ -12,13 +12,13 @@ from typing import List, Optional, Sequence
 import onnx
 import torch
 
-from ..errors import ModelLoadError, NominalStateError
+from ..errors import InvalidInputError, ModelLoadError, NominalStateError
 from ..graph import build_graph_module, forward_graph
 from .io_spec import ValueSpec, check_inputs, names
 from .model_io import ModelSource, describe, load_model, opset_map
 from .parameters import ParameterStore
 from .state import TrainingState
-from .training_graph import GraphIO, check_parameter_types, eval_io, training_io
+from .training_graph import GraphIO, check_eval_matches, check_parameter_types, eval_io, training_io
 
 
 def _build(model: onnx.ModelProto, io: GraphIO, label: str) -> torch.nn.Module:
@@ -52,6 +52,7 @@ class TrainingEngine:
             eval_label = f"eval model {describe(eval_model, 'eval model')}"
             eval_proto = load_model(eval_model, "eval model")
             self.eval_io = eval_io(eval_proto, state)
+            check_eval_matches(self.eval_io, self.train_io, eval_label)
             check_parameter_types(self.eval_io, state, eval_label)
             self.eval_module = _build(eval_proto, self.eval_io, eval_label).to(self.device).eval()
 
@@ -61,8 +62,19 @@ class TrainingEngine:
         self._accumulate = False
 
     # ---- steps -----------------------------------------------------------------------
-    def _to_device(self, tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
-        return [t if t.device == self.device else t.to(self.device) for t in tensors]
+    def _to_device(self, tensors: Sequence[torch.Tensor], io: GraphIO) -> List[torch.Tensor]:
+        return [t if t.device == self.device else self._move(t, io.user_inputs[i].name) for i, t in enumerate(tensors)]
+
+    def _move(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        """Copy an input from another device (slow path only); name it if that is impossible."""
+        if tensor.is_meta:
+            raise InvalidInputError(f"input '{name}' is a meta tensor (no data); pass a tensor on {self.device}")
+        try:
+            return tensor.to(self.device)
+        except (RuntimeError, NotImplementedError) as error:
+            raise InvalidInputError(
+                f"input '{name}' on {tensor.device} cannot be copied to the module's device {self.device}: {error}"
+            ) from error
 
     def train_step(self, inputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
         if self.state.is_nominal:
@@ -71,7 +83,7 @@ class TrainingEngine:
                 "(copy_buffer_to_parameters(buffer, trainable_only=False))."
             )
         check_inputs(self.train_io.user_inputs, inputs, "train step")
-        feeds = self._to_device(inputs)
+        feeds = self._to_device(inputs, self.train_io)
         if not self._accumulate:
             self.store.release_grads()
         with torch.enable_grad():
@@ -91,7 +103,7 @@ class TrainingEngine:
             raise NominalStateError("Cannot perform EvalStep with a nominal state. Please load the model parameters first.")
         check_inputs(self.eval_io.user_inputs, inputs, "eval step")
         with torch.no_grad():
-            return list(self.eval_module(*self._to_device(inputs), *self._eval_params))
+            return list(self.eval_module(*self._to_device(inputs, self.eval_io), *self._eval_params))
 
     def lazy_reset_grad(self) -> None:
         """Schedule the next train step to overwrite (not add to) the gradients."""

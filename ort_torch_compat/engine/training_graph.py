@@ -62,6 +62,28 @@ def eval_io(model: onnx.ModelProto, state: TrainingState) -> GraphIO:
     return GraphIO(users, params, [out.name for out in model.graph.output])
 
 
+def check_eval_matches(evaluation: GraphIO, training: GraphIO, name: str) -> None:
+    """An eval model must feed on the training model's user inputs and the state's parameters.
+
+    ORT accepts any eval model here and fails only at the first EvalStep (as a feed-count or
+    shape error); an eval model made for other artifacts is caught now, naming the inputs.
+    """
+    declared = {spec.name: spec for spec in training.user_inputs}
+    unknown = [spec.name for spec in evaluation.user_inputs if spec.name not in declared]
+    if unknown:
+        raise ModelMismatchError(
+            f"{name} does not match the training model: input(s) {unknown} are neither inputs of the training "
+            f"model ({sorted(declared)}) nor parameters of the checkpoint (was it made for other artifacts?)"
+        )
+    for spec in evaluation.user_inputs:
+        other = declared[spec.name]
+        if spec.elem_type and other.elem_type and spec.elem_type != other.elem_type:
+            raise ModelMismatchError(
+                f"{name} does not match the training model: input '{spec.name}' is {spec.type_name} there "
+                f"but {other.type_name} in the training model"
+            )
+
+
 def check_parameter_types(io: GraphIO, state: TrainingState, name: str) -> Dict[str, tuple]:
     """Compare declared parameter shapes/dtypes with the state's; return declared shapes."""
     from ..codec.dtypes import dtype_name
