@@ -886,8 +886,6 @@ def test_save_fails_mid_write(saved, monkeypatch, error, expected, pattern):
     assert_previous_survives(path, previous, state)
 
 
-@pytest.mark.xfail(strict=True, reason="codec.write_checkpoint renames the new <path>.data into place before the "
-                   "main file is written, so a failure in between pairs the old file with the new data")
 def test_save_with_external_data_disk_full_keeps_previous_pair(external_checkpoint, monkeypatch):
     state = api.CheckpointState.load_checkpoint(external_checkpoint)
     previous = external_checkpoint.read_bytes(), open(f"{external_checkpoint}.data", "rb").read()

@@ -663,24 +663,21 @@ def test_atomic_write_external_failure_keeps_both_files(tmp_path, monkeypatch):
     path = tmp_path / "ck"
     write_checkpoint(a, path, external_min_bytes=0)
     old_main, old_data = path.read_bytes(), (tmp_path / "ck.data").read_bytes()
-    calls = []
     real_replace = os.replace
 
-    def replace_once(src, dst):
-        calls.append(dst)
-        if len(calls) == 2:  # .data went through, the main file fails
+    def fail_main_rename(src, dst):
+        if Path(dst).name == "ck":  # the new .data is already in place, the main file fails
             raise OSError(5, "Input/output error")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(os, "replace", replace_once)
+    monkeypatch.setattr(os, "replace", fail_main_rename)
     with pytest.raises(OSError):
         write_checkpoint(b, path, external_min_bytes=0)
     monkeypatch.undo()
-    assert [Path(c).name for c in calls] == ["ck.data", "ck"]  # .data first, then the main file
+    # the pair is restored: the old main file with its own old .data, nothing left behind
     assert path.read_bytes() == old_main
+    assert (tmp_path / "ck.data").read_bytes() == old_data
     assert _leftovers(tmp_path) == []
-    # the old main file still decodes against the new .data (same layout and sizes here)
-    assert (tmp_path / "ck.data").read_bytes() != old_data
     assert read_checkpoint(path).module_state.trainable[0].name == "w"
 
 

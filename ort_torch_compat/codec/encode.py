@@ -303,12 +303,12 @@ def encode_checkpoint(
 # ---------------------------------------------------------------------------------------
 # Atomic file writing
 # ---------------------------------------------------------------------------------------
-def _atomic_write(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace``.
+def _write_temp(path: str, data: bytes) -> str:
+    """Write ``data`` to a fresh fsynced temp file beside ``path``; return its name.
 
     ORT writes checkpoints in place, so a crash or full disk leaves a truncated file.  We
-    instead fsync a sibling temp file and rename it over ``path``: readers see either the
-    old file or the complete new one.  On failure the temp file is removed.
+    write a sibling temp file and only rename it over ``path`` once it is complete, so
+    readers see either the old file or the new one.  On failure the temp file is removed.
     """
     if os.path.isdir(path):
         raise IsADirectoryError(errno.EISDIR, f"cannot write checkpoint {path}: Is a directory", path)
@@ -334,16 +334,68 @@ def _atomic_write(path: str, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException:
         if fd >= 0:
             os.close(fd)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _remove_quietly(tmp)
         raise
-    _fsync_dir(directory)
+    return tmp
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically (temp file, fsync, rename)."""
+    tmp = _write_temp(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+    _fsync_dir(os.path.dirname(path) or ".")
+
+
+def _atomic_write_pair(path: str, main: bytes, data_path: str, data: bytes) -> None:
+    """Replace a checkpoint and its ``.data`` file together.
+
+    Both files are complete on disk before either rename; the old ``.data`` is kept aside
+    until the main file is in place and is put back if that rename fails, so a failed save
+    never pairs the old checkpoint with new data.
+    """
+    data_tmp = _write_temp(data_path, data)
+    try:
+        main_tmp = _write_temp(path, main)
+    except BaseException:
+        _remove_quietly(data_tmp)
+        raise
+    backup = None
+    try:
+        if os.path.exists(data_path):
+            backup = f"{data_tmp}.previous"
+            os.replace(data_path, backup)
+        os.replace(data_tmp, data_path)
+        try:
+            os.replace(main_tmp, path)
+        except BaseException:
+            if backup is not None:
+                os.replace(backup, data_path)
+                backup = None
+            else:
+                _remove_quietly(data_path)
+            raise
+    except BaseException:
+        for leftover in (data_tmp, main_tmp):
+            _remove_quietly(leftover)
+        raise
+    finally:
+        if backup is not None:
+            _remove_quietly(backup)
+    _fsync_dir(os.path.dirname(path) or ".")
 
 
 def _fsync_dir(directory: str) -> None:
@@ -368,8 +420,8 @@ def write_checkpoint(
 ) -> None:
     """Encode ``record`` and write it to ``path`` (and ``<path>.data``) atomically.
 
-    The ``.data`` file is written first, then the main file, as ORT does, so the main file
-    never points at data that is not on disk yet.  A stale ``<path>.data`` is left alone
+    With external data both files are written completely first and then renamed into place
+    together (see :func:`_atomic_write_pair`).  A stale ``<path>.data`` is left alone
     when the new checkpoint is inline (ORT does the same; the reader ignores it because the
     flag is off).  Errors are the OSError of the failing call, naming ``path``; the previous
     file at ``path`` is untouched on failure.  ``external_min_bytes`` is as in
@@ -381,6 +433,7 @@ def write_checkpoint(
     if os.path.islink(target):
         target = os.path.realpath(target)  # write through the link, as ofstream would
     main, ext = encode_checkpoint(record, external_min_bytes=external_min_bytes)
-    if ext is not None:
-        _atomic_write(target + ".data", ext)
-    _atomic_write(target, main)
+    if ext is None:
+        _atomic_write(target, main)
+    else:
+        _atomic_write_pair(target, main, target + ".data", ext)

@@ -14,7 +14,7 @@ class CheckpointError(Exception):
     """Base class of every error the checkpoint codec raises on purpose."""
 
 
-class CheckpointFormatError(CheckpointError, ValueError):
+class CheckpointFormatError(CheckpointError, ValueError, RuntimeError):
     """The bytes are not a valid ORT ``ODTC`` checkpoint (or its ``.data`` companion).
 
     ``source`` is the file path, or ``"<buffer>"`` when decoding bytes in memory, and
