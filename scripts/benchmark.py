@@ -65,7 +65,7 @@ def make_artifacts(name: str, directory: pathlib.Path) -> None:
     from onnxruntime.training import artifacts
 
     sys.path.insert(0, str(ROOT / "scripts"))
-    from prepare_for_artifacts import prepare_model
+    from prepare_for_artifacts import prepare_eval_model, prepare_model
 
     model, example, _ = build_model(name)
     training = torch.onnx.TrainingMode.TRAINING if name == "cnn" else torch.onnx.TrainingMode.EVAL
@@ -83,6 +83,7 @@ def make_artifacts(name: str, directory: pathlib.Path) -> None:
                                  artifact_directory=str(directory))
     for file in ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx"):
         p = onnx.load(str(directory / file))
+        p = prepare_eval_model(p) if file == "eval_model.onnx" else p  # ORT refuses 3-output eval BN
         p.ir_version = min(p.ir_version, MAX_IR_VERSION)
         onnx.save(p, str(directory / file))
     torch.save(model.state_dict(), directory / "eager_state.pt")

@@ -21,11 +21,12 @@ class BatchNorm(OnnxModule):
     def forward(self, x, scale, bias, running_mean, running_var):
         if not self.training_mode:
             return F.batch_norm(x, running_mean, running_var, scale, bias, False, 0.0, self.epsilon)
-        y = F.batch_norm(x, None, None, scale, bias, True, 0.0, self.epsilon)
+        # The batch statistics come back from the kernel itself (mean, 1/sqrt(var+eps)), so the
+        # biased-variance update costs no extra pass over the activations.
+        y, mean, inv_std = torch.native_batch_norm(x, scale, bias, None, None, True, 0.0, self.epsilon)
         with torch.no_grad():
-            dims = [0] + list(range(2, x.dim()))
-            var, mean = torch.var_mean(x.detach(), dim=dims, correction=0)
-            running_mean.mul_(self.momentum).add_(mean, alpha=1.0 - self.momentum)
+            var = inv_std.detach().pow(-2).sub_(self.epsilon)
+            running_mean.mul_(self.momentum).add_(mean.detach(), alpha=1.0 - self.momentum)
             running_var.mul_(self.momentum).add_(var, alpha=1.0 - self.momentum)
         return y
 
