@@ -4,6 +4,9 @@
 """
 __version__ = "0.1.0"
 
+# The zero-edit switch (stdlib only): `install()` makes `import onnxruntime.training.api` this library.
+from .switch import install, is_installed, uninstall  # noqa: E402
+
 # The C/C#/Objective-C training session surface (OrtTrainingApi), see docs/c_api.md.
 # Imported lazily so that `import ort_torch_compat.errors` (or the codec) stays light.
 _SESSION_EXPORTS = ("TrainingSession", "load_checkpoint", "load_checkpoint_from_buffer", "save_checkpoint", "set_seed")
@@ -14,6 +17,10 @@ def __getattr__(name):
         from . import session
 
         return getattr(session, name)
+    if name == "to_torch_module":  # ORT artifacts as a plain torch.nn.Module (ort_torch_compat.migrate)
+        from .migrate import to_torch_module
+
+        return to_torch_module
     if name == "CheckpointState":
         from .api.checkpoint_state import CheckpointState
 
@@ -22,4 +29,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_SESSION_EXPORTS) + ["CheckpointState"])
+    return sorted(list(globals()) + list(_SESSION_EXPORTS) + ["CheckpointState", "to_torch_module"])

@@ -9,8 +9,12 @@
 * `onnxruntime.training.api` and `onnxruntime.training.api.<submodule>`: proxy modules
   whose attributes are those of `ort_torch_compat.api` (the same class objects).
 * `onnxruntime`, only when no real onnxruntime can be found: a stub package with
-  `OrtValue` (ours) and `training`.  When the real package is installed the finder stays
-  out of its way, so `onnxruntime.InferenceSession` and `onnxruntime.OrtValue` are ORT's.
+  `OrtValue` (ours), `training`, `get_device()` and `get_available_providers()` (from
+  torch's devices), and the legacy `TrainingSession` / `TrainingParameters` /
+  `SessionOptions` (ort_torch_compat.legacy).  Anything else,
+  `InferenceSession` included, raises an error saying onnxruntime is not installed.
+  When the real package is installed the finder stays out of its way, so
+  `onnxruntime.InferenceSession` and `onnxruntime.OrtValue` are ORT's.
 
 Nothing is deleted from or replaced in `sys.modules` by `install()`; a module imported
 before `install()` stays what it is (a warning says so for `onnxruntime.training.api`).
@@ -97,8 +101,30 @@ class _TrainingModule(types.ModuleType):
         return f"<module {self.__name__!r} (ort_torch_compat switch)>"
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def get_available_providers() -> List[str]:
+    """What the torch engine can run on, in ORT's provider names."""
+    return (["CUDAExecutionProvider"] if _cuda_available() else []) + ["CPUExecutionProvider"]
+
+
+def get_device() -> str:
+    return "GPU" if _cuda_available() else "CPU"
+
+
+_STUB_ATTRIBUTES = {"get_available_providers": get_available_providers, "get_device": get_device}
+# The legacy (1.10-era) training API lived at the top of onnxruntime.
+_STUB_LEGACY = ("SessionOptions", "TrainingSession", "TrainingParameters")
+
+
 class _StubRoot(types.ModuleType):
-    """`onnxruntime` when it is not installed: `OrtValue`, `training`, `__version__`."""
+    """`onnxruntime` when it is not installed: `OrtValue`, `training`, `__version__`,
+    `get_device()`, `get_available_providers()` (mapped to torch's devices), and the legacy
+    `TrainingSession`, `TrainingParameters`, `SessionOptions` (ort_torch_compat.legacy)."""
 
     def __getattr__(self, attribute: str):
         if attribute == "OrtValue":
@@ -107,12 +133,17 @@ class _StubRoot(types.ModuleType):
             return OrtValue
         if attribute == "training":
             return importlib.import_module(TRAINING)
+        if attribute in _STUB_ATTRIBUTES:
+            return _STUB_ATTRIBUTES[attribute]
+        if attribute in _STUB_LEGACY:
+            return getattr(importlib.import_module("ort_torch_compat.legacy"), attribute)
         if attribute.startswith("__"):
             raise AttributeError(attribute)
         raise AttributeError(_NEEDS_REAL_ORT.format(name=f"onnxruntime.{attribute}"))
 
     def __dir__(self) -> List[str]:
-        return sorted(set(super().__dir__()) | {"OrtValue", "training"})
+        extra = {"OrtValue", "training"} | set(_STUB_ATTRIBUTES) | set(_STUB_LEGACY)
+        return sorted(set(super().__dir__()) | extra)
 
     def __repr__(self) -> str:
         return "<module 'onnxruntime' (ort_torch_compat stand-in; onnxruntime is not installed)>"

@@ -21,6 +21,7 @@ from torch import fx, nn
 
 from . import converters  # noqa: F401  (registers our converters)
 from .errors import GraphConversionError, UnsupportedOperatorError
+from .fusion import fuse_matmul_bias
 from .registry import find_converter, is_ours
 
 
@@ -70,7 +71,11 @@ def build_graph_module(
     if missing:
         raise UnsupportedOperatorError(model_name, missing)
 
-    onnx_graph = OnnxGraph(graph)
+    fused = onnx.GraphProto()
+    fused.CopyFrom(graph)
+    del fused.node[:]
+    fused.node.extend(fuse_matmul_bias(graph))
+    onnx_graph = OnnxGraph(fused)
     fx_graph = fx.Graph()
     root = nn.Module()
     constants = _Constants()

@@ -21,7 +21,7 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Uni
 
 import torch
 
-from ..codec.dtypes import dtype_name, torch_dtype
+from ..codec.dtypes import torch_dtype
 from ..engine.checkpoint_io import load_state, save_state
 from ..engine.state import OptimizerState, ParameterSlot, TrainingState
 from ..errors import OrtTorchCompatError
@@ -77,7 +77,8 @@ def state_to_tensors(
     tensors: Dict[str, torch.Tensor] = {}
     for name, slot in progress(list(state.parameters.items()), desc="parameters"):
         if name.startswith(OPTIMIZER_PREFIX):
-            raise MigrationError(f"parameter '{name}' clashes with the '{OPTIMIZER_PREFIX}' keys of the optimizer state")
+            raise MigrationError(
+                f"parameter '{name}' clashes with the '{OPTIMIZER_PREFIX}' keys of the optimizer state")
         tensors[name] = slot.tensor.detach().to("cpu", copy=True).contiguous()
     if include_optimizer and state.optimizer is not None and state.optimizer.moments:
         group = state.optimizer
@@ -90,10 +91,6 @@ def state_to_tensors(
 
 
 # ---- tensors -> checkpoint --------------------------------------------------------------
-def _describe(tensor: torch.Tensor) -> str:
-    return f"{str(tensor.dtype).replace('torch.', '')}{list(tensor.shape)}"
-
-
 def _check(key: str, value: object, dtype: torch.dtype, shape: Optional[Tuple[int, ...]], problems: List[str]) -> bool:
     if not isinstance(value, torch.Tensor):
         problems.append(f"'{key}' is a {type(value).__name__}, not a tensor")
@@ -108,10 +105,10 @@ def _check(key: str, value: object, dtype: torch.dtype, shape: Optional[Tuple[in
     return True
 
 
-def _raise(problems: List[str], what: str) -> None:
+def _raise(problems: List[str], what: str, against: str) -> None:
     if problems:
         shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
-        raise MigrationError(f"{what} does not match the checkpoint: {shown}")
+        raise MigrationError(f"{what} does not match {against}: {shown}")
 
 
 def tensors_to_state(
@@ -120,6 +117,7 @@ def tensors_to_state(
     *,
     drop_optimizer: bool = False,
     what: str = "the state dict",
+    against: Optional[str] = None,
     progress: Progress = _no_progress,
 ) -> TrainingState:
     """A new TrainingState with `template`'s structure and `tensors`' values (strictly checked).
@@ -159,7 +157,10 @@ def tensors_to_state(
     else:
         state.optimizer = _optimizer_from_tensors(tensors, base.optimizer, set(optimizer_keys), problems)
     problems.extend(f"'{k}' is extra: the checkpoint has no such parameter" for k in sorted(keys))
-    _raise(problems, what)
+    if against is None:
+        is_path = isinstance(template, (str, os.PathLike))
+        against = f"checkpoint '{os.fspath(template)}'" if is_path else "the checkpoint"
+    _raise(problems, what, against)
     return state
 
 
