@@ -30,6 +30,19 @@ MAX_IR_VERSION = 10
 
 # ---- models -------------------------------------------------------------------------------
 def build_model(name: str):
+    """(model, example input, classes); parameters get a little noise so no two are equal:
+    the ONNX exporter would merge identical initializers (e.g. the deep-copied layers of a
+    TransformerEncoder) into one tied weight, and ORT would then train a different model."""
+    import torch
+
+    model, example, classes = _base_model(name)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 1e-3)
+    return model, example, classes
+
+
+def _base_model(name: str):
     import torch
 
     torch.manual_seed(0)

@@ -4,26 +4,33 @@ from __future__ import annotations
 import torch
 
 from ..fusion import FUSED_DOMAIN
+from ..kernels import linear
 from ..registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
 
 class MatMulBias(OnnxModule):
-    """x @ W + b for a 2-D W, as one addmm over the flattened leading dims.
-
-    The weight gradient comes out as x^T @ grad, already in W's [in, out] layout, so
-    storing it needs no transposed copy (F.linear would produce it transposed)."""
+    """x @ W + b for a 2-D W [in, out], as one dense-layer kernel."""
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2:
-            return torch.addmm(bias, x, weight)
-        flat = torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight)
-        return flat.view(*x.shape[:-1], weight.shape[1])
+        return linear(x, weight.t(), bias)
 
 
 @register("MatMulBias", 1, domain=FUSED_DOMAIN)
 def _matmul_bias(node: OnnxNode, graph: OnnxGraph):
     return result(MatMulBias(), node)
+
+
+class LinearBias(OnnxModule):
+    """x @ weight^T + b (the exporter's MatMul(x, Transpose(weight)) + b) as torch's linear."""
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return linear(x, weight, bias)
+
+
+@register("LinearBias", 1, domain=FUSED_DOMAIN)
+def _linear_bias(node: OnnxNode, graph: OnnxGraph):
+    return result(LinearBias(), node)
 
 
 class Identity(OnnxModule):

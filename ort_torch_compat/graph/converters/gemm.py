@@ -3,14 +3,13 @@
 onnx2torch's functional Gemm multiplies by alpha and beta even when they are 1, adding two
 full passes over the activations (and their backward) to every dense layer; training
 steps are dominated by dense layers, so this matters.  The common dense layer
-(transB=1, alpha=beta=1, 1-D bias) goes through `F.linear`, whose backward produces the
-weight gradient in the weight's own layout (no transposed copy when it is stored).
+(transB=1, alpha=beta=1, 1-D bias) goes through `..kernels.linear`.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from ..kernels import linear
 from ..registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
@@ -23,7 +22,7 @@ class Gemm(OnnxModule):
 
     def forward(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
         if self.linear and (c is None or c.dim() == 1):
-            return F.linear(a, b, c)
+            return linear(a, b, c)
         if self.trans_a:
             a = a.t()
         if self.trans_b:
