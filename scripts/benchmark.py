@@ -9,7 +9,8 @@ module.lazy_reset_grad()` (eager: forward, loss, backward, torch.optim.AdamW ste
 zero_grad).  Every (backend, model) measurement runs in a fresh process; rounds are
 interleaved (round 1: ort, ours, eager; round 2: ...) so machine noise hits all backends
 alike, and the table reports medians over rounds of the per-round median step time, plus
-setup time (load checkpoint + build Module + Optimizer) and peak RSS.
+setup time (load checkpoint + build Module + Optimizer), the library's import time (after
+`import torch`) and peak RSS.
 Artifacts are generated once into --work (needs onnxruntime-training to generate).
 """
 from __future__ import annotations
@@ -113,10 +114,12 @@ def measure(backend: str, name: str, directory: pathlib.Path, steps: int, warmup
     rng = np.random.default_rng(0)
     x = example.numpy()
     y = rng.integers(0, classes, size=(x.shape[0],)).astype(np.int64)
+    begin_import = time.perf_counter()
     if backend == "ort":
         from onnxruntime.training import api
     elif backend == "ours":
         from ort_torch_compat import api
+    import_s = time.perf_counter() - begin_import  # torch itself is already imported by all
     start = time.perf_counter()  # setup = load + build, imports excluded (they are process start-up)
     if backend == "eager":
         model, _, _ = build_model(name)
@@ -155,7 +158,7 @@ def measure(backend: str, name: str, directory: pathlib.Path, steps: int, warmup
         step()
         sync()
         times.append(time.perf_counter() - begin)
-    return {"step_ms": 1000 * statistics.median(times), "setup_s": setup,
+    return {"step_ms": 1000 * statistics.median(times), "setup_s": setup, "import_s": import_s,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -206,7 +209,8 @@ def main() -> None:
                 summary[name][backend] = {"error": results[name][backend][0]["error"]}
                 continue
             summary[name][backend] = {key: statistics.median(r[key] for r in ok) for key in ok[0]}
-    header = f"{'model':<12}{'backend':<8}{'step ms':>10}{'setup s':>10}{'peak RSS MB':>13}{'vs ort':>9}{'vs eager':>10}"
+    header = (f"{'model':<12}{'backend':<8}{'step ms':>10}{'setup s':>10}{'import s':>10}{'peak RSS MB':>13}"
+              f"{'vs ort':>9}{'vs eager':>10}")
     lines = [header, "-" * len(header)]
     for name in args.models:
         for backend in backends:
@@ -218,7 +222,7 @@ def main() -> None:
             for ref in ("ort", "eager"):
                 ref_row = summary[name].get(ref, {})
                 ratios.append(f"{row['step_ms'] / ref_row['step_ms']:.2f}" if "step_ms" in ref_row else "-")
-            lines.append(f"{name:<12}{backend:<8}{row['step_ms']:>10.2f}{row['setup_s']:>10.2f}"
+            lines.append(f"{name:<12}{backend:<8}{row['step_ms']:>10.2f}{row['setup_s']:>10.2f}{row['import_s']:>10.2f}"
                          f"{row['peak_rss_mb']:>13.0f}{ratios[0]:>9}{ratios[1]:>10}")
     table = "\n".join(lines)
     print(table)

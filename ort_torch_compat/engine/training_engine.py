@@ -14,6 +14,7 @@ import torch
 
 from ..errors import InvalidInputError, ModelLoadError, NominalStateError
 from ..graph import build_graph_module, forward_graph
+from .host_allocator import tune_host_allocator
 from .io_spec import ValueSpec, check_inputs, names
 from .model_io import ModelSource, describe, load_model, opset_map
 from .parameters import ParameterStore
@@ -39,6 +40,7 @@ class TrainingEngine:
     ):
         self.state = state
         self.device = torch.device(device)
+        tune_host_allocator()
         self.train_label = f"training model {describe(train_model, 'training model')}"
         train_proto = load_model(train_model, "training model")
         self.train_io = training_io(train_proto, state, self.train_label)
