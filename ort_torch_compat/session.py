@@ -11,7 +11,7 @@ module-level functions that return / take the same `CheckpointState` class as th
 
 There is one engine: a session wraps the same `TrainingEngine` / `OptimizerEngine` as
 `ort_torch_compat.api.Module` / `Optimizer`, so the same call sequence gives the same numbers
-through either surface.  See docs/c_api.md for the full mapping.
+through either surface.  README's C API section has the full mapping.
 """
 from __future__ import annotations
 
