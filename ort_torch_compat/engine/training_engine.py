@@ -15,7 +15,7 @@ import torch
 from ..errors import InvalidInputError, ModelLoadError, NominalStateError
 from ..graph import build_graph_module, forward_graph
 from .host_allocator import tune_host_allocator
-from .io_spec import ValueSpec, check_inputs, names
+from .io_spec import check_inputs, names
 from .model_io import ModelSource, describe, load_model, opset_map
 from .parameters import ParameterStore
 from .state import TrainingState
@@ -119,10 +119,6 @@ class TrainingEngine:
     def output_names(self, training: bool) -> List[str]:
         io = self.train_io if training else self.eval_io
         return list(io.outputs) if io else []
-
-    def input_specs(self, training: bool) -> List[ValueSpec]:
-        io = self.train_io if training else self.eval_io
-        return list(io.user_inputs) if io else []
 
     # ---- parameter buffers -------------------------------------------------------------
     def parameters_size(self, trainable_only: bool) -> int:

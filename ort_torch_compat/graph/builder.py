@@ -15,7 +15,6 @@ from typing import Dict, List, Sequence
 
 import onnx
 from onnx import defs
-import torch
 from onnx2torch.onnx_graph import OnnxGraph
 from torch import fx, nn
 

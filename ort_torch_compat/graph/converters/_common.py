@@ -9,7 +9,7 @@ from onnx2torch.onnx_node import OnnxNode
 from onnx2torch.utils.common import OnnxMapping, OnnxToTorchModule, OperationConverterResult, get_const_value
 from torch import nn
 
-__all__ = ["OnnxModule", "result", "constant_or_none", "used_outputs", "OnnxGraph", "OnnxNode"]
+__all__ = ["OnnxModule", "result", "constant_or_none", "OnnxGraph", "OnnxNode"]
 
 
 class OnnxModule(nn.Module, OnnxToTorchModule):
@@ -33,8 +33,3 @@ def constant_or_none(node: OnnxNode, graph: OnnxGraph, position: int):
     except KeyError:
         return None
     return value.tolist() if isinstance(value, torch.Tensor) else value
-
-
-def used_outputs(node: OnnxNode) -> int:
-    """How many output slots the (pruned) node still declares."""
-    return len(node.output_values)

@@ -31,22 +31,21 @@ class BatchNorm(OnnxModule):
         return y
 
 
-@register("BatchNormalization", 9, 14, 15)
-def _batch_norm(node: OnnxNode, graph: OnnxGraph):
-    a = node.attributes
-    if len(node.output_values) > 1:
-        raise NotImplementedError("BatchNormalization with running-stat outputs in use")
-    module = BatchNorm(a.get("epsilon", 1e-5), a.get("momentum", 0.9), bool(a.get("training_mode", 0)))
-    return result(module, node)
+def _batch_norm(default_training_mode: int):
+    """ONNX BatchNormalization defaults to inference; ORT's BatchNormInternal to training."""
+
+    def convert(node: OnnxNode, graph: OnnxGraph):
+        if len(node.output_values) > 1:
+            raise NotImplementedError(f"{node.operation_type} with running-stat or saved outputs in use")
+        a = node.attributes
+        training = bool(a.get("training_mode", default_training_mode))
+        return result(BatchNorm(a.get("epsilon", 1e-5), a.get("momentum", 0.9), training), node)
+
+    return convert
 
 
-@register("BatchNormInternal", 1, domain="com.microsoft")
-def _batch_norm_internal(node: OnnxNode, graph: OnnxGraph):
-    a = node.attributes
-    if len(node.output_values) > 1:
-        raise NotImplementedError("BatchNormInternal with running-stat or saved outputs in use")
-    module = BatchNorm(a.get("epsilon", 1e-5), a.get("momentum", 0.9), bool(a.get("training_mode", 1)))
-    return result(module, node)
+register("BatchNormalization", 9, 14, 15)(_batch_norm(0))
+register("BatchNormInternal", 1, domain="com.microsoft")(_batch_norm(1))
 
 
 class LayerNorm(OnnxModule):
