@@ -20,6 +20,7 @@ from ..codec import (
     write_checkpoint,
 )
 from ..codec.dtypes import torch_dtype
+from ..codec.layout import ARTIFACT_EXTERNAL_THRESHOLD_BYTES, state_writer_external_min_bytes
 from .state import OptimizerState, ParameterSlot, TrainingState
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -102,12 +103,23 @@ def record_from_state(state: TrainingState, include_optimizer_state: bool) -> Ch
     )
 
 
+def _needs_external_data(state: TrainingState) -> bool:
+    """ORT's state writer uses external data exactly when the loaded state had it; a state
+    too big for one flatbuffer (2 GiB) would make ORT fail, so past ORT's own artifact
+    threshold we switch to the external layout (and it sticks, as ORT's flag does)."""
+    if not state.has_external_data:
+        size = sum(slot.tensor.numel() * slot.tensor.element_size()
+                   for slot in state.parameters.values() if slot.tensor is not None)
+        state.has_external_data = size > ARTIFACT_EXTERNAL_THRESHOLD_BYTES
+    return state.has_external_data
+
+
 def save_state(state: TrainingState, path: PathLike, include_optimizer_state: bool = False) -> None:
-    """Atomically write the state; external data exactly when the loaded state had it (as ORT)."""
+    """Atomically write the state (external data: see `_needs_external_data`)."""
     record = record_from_state(state, include_optimizer_state)
     target = os.fspath(path)
     try:
-        write_checkpoint(record, target, external_min_bytes=0 if state.has_external_data else None)
+        write_checkpoint(record, target, external_min_bytes=state_writer_external_min_bytes(_needs_external_data(state)))
     except OSError as error:
         if error.filename is not None:
             raise  # the codec's message already names the file
