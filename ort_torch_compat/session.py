@@ -63,7 +63,7 @@ def load_checkpoint_from_buffer(checkpoint_buffer: Union[bytes, bytearray, memor
         raise TypeError(
             f"load_checkpoint_from_buffer takes bytes, bytearray or memoryview, got {type(checkpoint_buffer).__name__}"
         )
-    return CheckpointState(load_state(bytes(checkpoint_buffer)))
+    return CheckpointState.load_checkpoint(checkpoint_buffer)
 
 
 def save_checkpoint(checkpoint_state: CheckpointState, checkpoint_path: PathLike,

@@ -150,9 +150,10 @@ class CheckpointState:
         self._properties = Properties(state)
 
     @classmethod
-    def load_checkpoint(cls, checkpoint_uri: Union[str, os.PathLike, bytes, bytearray]) -> "CheckpointState":
+    def load_checkpoint(cls, checkpoint_uri: Union[str, os.PathLike, bytes, bytearray, memoryview]) -> "CheckpointState":
         """Load from a checkpoint file, or from its bytes (ORT's LoadCheckpointFromBuffer)."""
-        return cls(load_state(checkpoint_uri if isinstance(checkpoint_uri, (bytes, bytearray)) else os.fspath(checkpoint_uri)))
+        in_memory = isinstance(checkpoint_uri, (bytes, bytearray, memoryview))
+        return cls(load_state(checkpoint_uri if in_memory else os.fspath(checkpoint_uri)))
 
     @classmethod
     def save_checkpoint(

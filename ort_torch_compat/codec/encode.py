@@ -13,17 +13,16 @@ same call sequence, with one exception handled in :meth:`_Encoder.int64_vector`.
 """
 from __future__ import annotations
 
-import errno
 import math
 import numbers
 import operator
 import os
-import secrets
 import struct
 from typing import Dict, List, Optional, Tuple, Union
 
 import flatbuffers
 
+from ..atomic_files import atomic_write, atomic_write_pair
 from .dtypes import TensorDataType, element_size
 from .records import CheckpointRecord, PropertyValue, TensorRecord
 
@@ -300,118 +299,6 @@ def encode_checkpoint(
     return main, ext
 
 
-# ---------------------------------------------------------------------------------------
-# Atomic file writing
-# ---------------------------------------------------------------------------------------
-def _write_temp(path: str, data: bytes) -> str:
-    """Write ``data`` to a fresh fsynced temp file beside ``path``; return its name.
-
-    ORT writes checkpoints in place, so a crash or full disk leaves a truncated file.  We
-    write a sibling temp file and only rename it over ``path`` once it is complete, so
-    readers see either the old file or the new one.  On failure the temp file is removed.
-    """
-    if os.path.isdir(path):
-        raise IsADirectoryError(errno.EISDIR, f"cannot write checkpoint {path}: Is a directory", path)
-    directory = os.path.dirname(path) or "."
-    base = os.path.basename(path)
-    fd = -1
-    tmp = ""
-    for _ in range(100):
-        tmp = os.path.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
-        try:
-            # 0o666 so the umask applies, as for a normally created file (mkstemp uses 0o600).
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-            break
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise type(exc)(exc.errno, f"cannot write checkpoint {path}: {exc.strerror}", path) from exc
-    else:  # pragma: no cover - 100 random collisions
-        raise FileExistsError(errno.EEXIST, f"cannot create a temp file for {path}", path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fd = -1
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        _remove_quietly(tmp)
-        raise
-    return tmp
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _atomic_write(path: str, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically (temp file, fsync, rename)."""
-    tmp = _write_temp(path, data)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
-    _fsync_dir(os.path.dirname(path) or ".")
-
-
-def _atomic_write_pair(path: str, main: bytes, data_path: str, data: bytes) -> None:
-    """Replace a checkpoint and its ``.data`` file together.
-
-    Both files are complete on disk before either rename; the old ``.data`` is kept aside
-    until the main file is in place and is put back if that rename fails, so a failed save
-    never pairs the old checkpoint with new data.
-    """
-    data_tmp = _write_temp(data_path, data)
-    try:
-        main_tmp = _write_temp(path, main)
-    except BaseException:
-        _remove_quietly(data_tmp)
-        raise
-    backup = None
-    try:
-        if os.path.exists(data_path):
-            backup = f"{data_tmp}.previous"
-            os.replace(data_path, backup)
-        os.replace(data_tmp, data_path)
-        try:
-            os.replace(main_tmp, path)
-        except BaseException:
-            if backup is not None:
-                os.replace(backup, data_path)
-                backup = None
-            else:
-                _remove_quietly(data_path)
-            raise
-    except BaseException:
-        for leftover in (data_tmp, main_tmp):
-            _remove_quietly(leftover)
-        raise
-    finally:
-        if backup is not None:
-            _remove_quietly(backup)
-    _fsync_dir(os.path.dirname(path) or ".")
-
-
-def _fsync_dir(directory: str) -> None:
-    """Persist the rename itself; best effort (not every platform can fsync a directory)."""
-    try:
-        dfd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
-
-
 def write_checkpoint(
     record: CheckpointRecord,
     path: Union[str, os.PathLike],
@@ -421,7 +308,7 @@ def write_checkpoint(
     """Encode ``record`` and write it to ``path`` (and ``<path>.data``) atomically.
 
     With external data both files are written completely first and then renamed into place
-    together (see :func:`_atomic_write_pair`).  A stale ``<path>.data`` is left alone
+    together (see :func:`ort_torch_compat.atomic_files.atomic_write_pair`).  A stale ``<path>.data`` is left alone
     when the new checkpoint is inline (ORT does the same; the reader ignores it because the
     flag is off).  Errors are the OSError of the failing call, naming ``path``; the previous
     file at ``path`` is untouched on failure.  ``external_min_bytes`` is as in
@@ -434,6 +321,6 @@ def write_checkpoint(
         target = os.path.realpath(target)  # write through the link, as ofstream would
     main, ext = encode_checkpoint(record, external_min_bytes=external_min_bytes)
     if ext is None:
-        _atomic_write(target, main)
+        atomic_write(target, main)
     else:
-        _atomic_write_pair(target, main, target + ".data", ext)
+        atomic_write_pair(target, main, target + ".data", ext)

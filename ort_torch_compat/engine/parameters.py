@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..codec.dtypes import torch_dtype
 from ..errors import InvalidInputError, ModelMismatchError
 from .state import ParameterSlot, TrainingState
 
@@ -49,8 +50,6 @@ class ParameterStore:
             return slot.tensor
         if shape is None or any(d is None for d in shape):
             raise ModelMismatchError(f"nominal parameter '{slot.name}' has no static shape in the training model")
-        from ..codec.dtypes import torch_dtype
-
         return torch.zeros(shape, dtype=torch_dtype(slot.data_type))
 
     def _build(self, shapes: Dict[str, Tuple[int, ...]]) -> None:

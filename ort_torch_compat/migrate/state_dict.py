@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import torch
 
+from ..atomic_files import atomic_write
 from ..codec.dtypes import torch_dtype
 from ..engine.checkpoint_io import load_state, save_state
 from ..engine.state import OptimizerState, ParameterSlot, TrainingState
@@ -212,21 +212,6 @@ def _suffix(path: PathLike) -> str:
     return os.path.splitext(os.fspath(path))[1].lower()
 
 
-def _atomic(path: str, write: Callable[[str], None]) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"cannot write '{path}': directory '{directory}' does not exist")
-    handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=directory)
-    os.close(handle)
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-
-
 def save_tensor_file(tensors: Mapping[str, torch.Tensor], path: PathLike,
                      metadata: Optional[Dict[str, str]] = None) -> None:
     """`.safetensors` (safetensors.torch.save_file) or `.pt`/`.pth` (torch.save of the dict)."""
@@ -237,9 +222,9 @@ def save_tensor_file(tensors: Mapping[str, torch.Tensor], path: PathLike,
         from safetensors.torch import save_file
 
         meta = {"format": "pt", **(metadata or {})}
-        _atomic(path, lambda tmp: save_file(data, tmp, metadata=meta))
+        atomic_write(path, lambda tmp: save_file(data, tmp, metadata=meta), "state file")
     elif suffix in PICKLE_SUFFIXES:
-        _atomic(path, lambda tmp: torch.save(data, tmp))
+        atomic_write(path, lambda tmp: torch.save(data, tmp), "state file")
     else:
         raise MigrationError(f"'{path}': the output must end with .safetensors or .pt")
 
