@@ -88,6 +88,19 @@ def to_tensor(value: Any, what: str) -> torch.Tensor:
     raise InvalidInputError(f"{what}: expected a numpy array, OrtValue or torch tensor, got {type(value).__name__}")
 
 
+def to_numpy(value: Any) -> np.ndarray:
+    """A numpy array for any value a user may pass (numpy, OrtValue, torch tensor, list, scalar);
+    host tensors and arrays are not copied."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    numpy_method = getattr(value, "numpy", None)
+    if callable(numpy_method):  # our OrtValue, or onnxruntime's
+        return np.asarray(numpy_method())
+    return np.asarray(value)
+
+
 def to_tensors(values: Sequence[Any]) -> Tuple[List[torch.Tensor], str]:
     """Tensors for `values` (None skipped, as ORT does) and the kind of value to return."""
     present = [v for v in values if v is not None]
