@@ -589,3 +589,17 @@ def test_parameters_are_snapshotted(model_bytes, initial):
     (x, y), = batches(1, seed=17)
     session.run(["loss"], feed(x, y, 0.1))
     assert set(session.get_state()) == {W, B}
+
+
+def test_set_providers_keeps_weights_optimizer_state_and_accumulated_gradients(model_bytes):
+    data = batches(6, seed=18)
+    moved = TrainingSession(model_bytes, make_params("AdamOptimizer", gradient_accumulation_steps=2))
+    stayed = TrainingSession(model_bytes, make_params("AdamOptimizer", gradient_accumulation_steps=2))
+    for index, (x, y) in enumerate(data):
+        if index in (2, 3):  # between updates, then in the middle of an accumulation cycle
+            moved.set_providers(["CPUExecutionProvider"])
+        moved.run(["loss"], feed(x, y, 0.01))
+        stayed.run(["loss"], feed(x, y, 0.01))
+    assert moved.get_providers() == ["CPUExecutionProvider"]
+    for key, value in stayed.get_state().items():
+        np.testing.assert_array_equal(moved.get_state()[key], value, err_msg=key)

@@ -141,6 +141,18 @@ class TrainingEngine:
                  for i, (name, tensor) in enumerate(zip(self.store.trainable_names, self.store.trainable))}
         return outputs, grads
 
+    def gradients(self) -> Dict[str, torch.Tensor]:
+        """The current (accumulated) gradient of every trainable parameter, by name."""
+        return {name: tensor.grad for name, tensor in zip(self.store.trainable_names, self.store.trainable)}
+
+    def continue_accumulation(self, grads: Dict[str, torch.Tensor]) -> None:
+        """Take over gradients accumulated elsewhere (another engine, another device): they
+        become the current gradients and the next train step adds to them."""
+        with torch.no_grad():
+            for name, tensor in zip(self.store.trainable_names, self.store.trainable):
+                tensor.grad.copy_(grads[name])
+        self._accumulate = True
+
     def scale_gradients(self, factor: float) -> None:
         """Multiply every trainable parameter's gradient by `factor` in place (the legacy
         optimizer graph averages N accumulated steps this way)."""

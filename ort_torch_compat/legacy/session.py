@@ -309,18 +309,15 @@ class TrainingSession:
         return {name: dict(opts) for name, opts in zip(self._providers, self._provider_options)}
 
     def set_providers(self, providers=None, provider_options=None) -> None:
-        """Move the session (weights and optimizer state) to another provider's device.
-
-        Gradients accumulated since the last update are dropped (with a warning): the new
-        device starts a fresh accumulation cycle.
-        """
+        """Move the session (weights, optimizer state, gradients accumulated since the last
+        update) to another provider's device."""
         names, options, device = resolve_providers(providers, provider_options)
-        if self._accumulated:
-            warnings.warn(f"set_providers drops the gradients of {self._accumulated} accumulation step(s) taken "
-                          "since the last update", RuntimeWarning, stacklevel=2)
-        state = self.get_state()
+        state, grads, accumulated = self.get_state(), self._engine.gradients(), self._accumulated
         self._start(device)
         self.load_state(state)
+        if accumulated:
+            self._engine.continue_accumulation(grads)
+            self._accumulated = accumulated
         self._providers, self._provider_options = names, options
 
     def is_output_fp32_node(self, output_name: str) -> bool:
