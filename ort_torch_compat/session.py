@@ -24,14 +24,13 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from .api._values import to_tensor, to_tensors
 from .api.checkpoint_state import CheckpointState
-from .api.ortvalue import OrtValue
 from .engine import OptimizerEngine, TrainingEngine, load_state, save_state
 from .engine.export import export_inference_model
 from .engine.model_io import describe
-from .engine.optimizer_engine import learning_rate_value
+from .engine.optimizer_engine import learning_rate_value, step_count_value
 from .errors import InvalidInputError, ModelLoadError, OrtTorchCompatError, ReleasedError
+from .values import OrtValue, to_tensor, to_tensors, values_as
 
 __all__ = ["TrainingSession", "load_checkpoint", "load_checkpoint_from_buffer", "save_checkpoint", "set_seed"]
 
@@ -133,15 +132,6 @@ def _live(method):
         return method(self, *args, **kwargs)
 
     return wrapper
-
-
-def _outputs(tensors: Sequence[torch.Tensor], kind: str) -> list:
-    """Outputs in the kind the inputs came in: numpy, OrtValue or torch tensors (always a list)."""
-    if kind == "numpy":
-        return [t.detach().cpu().numpy() for t in tensors]
-    if kind == "torch":
-        return list(tensors)
-    return [OrtValue(t) for t in tensors]
 
 
 class TrainingSession:
@@ -276,7 +266,7 @@ class TrainingSession:
         gradients, later steps accumulate into them.  `run_options` is accepted and ignored.
         """
         tensors, kind = self._user_tensors(inputs, training=True)
-        return _outputs(self._engine.train_step(tensors), kind)
+        return values_as(self._engine.train_step(tensors), kind)
 
     @_live
     def eval_step(self, inputs: Any, run_options: object = None) -> list:
@@ -288,7 +278,7 @@ class TrainingSession:
                 "the TrainingSession."
             )
         tensors, kind = self._user_tensors(inputs, training=False)
-        return _outputs(self._engine.eval_step(tensors), kind)
+        return values_as(self._engine.eval_step(tensors), kind)
 
     @_live
     def lazy_reset_grad(self) -> None:
@@ -324,9 +314,12 @@ class TrainingSession:
         As in the C API the counts are used in the documented roles (the Python 1.19
         `LinearLRScheduler` swaps them), and the initial lr is set *after* the scheduler is
         created, so `get_learning_rate()` returns `initial_lr` until the first `scheduler_step()`.
+        The counts must be ints (TypeError otherwise); negative counts are accepted, as ORT's
+        C API and the drop-in `LinearLRScheduler` accept them (the same C++ scheduler).
         """
         optimizer = self._require_optimizer("register_linear_lr_scheduler", "RegisterLinearLRScheduler")
-        warmup, total = _step_count(warmup_step_count, "warmup_step_count"), _step_count(total_step_count, "total_step_count")
+        warmup = step_count_value(warmup_step_count, "warmup_step_count")
+        total = step_count_value(total_step_count, "total_step_count")
         initial_lr = learning_rate_value(initial_lr, "initial_lr")  # checked before anything changes
         optimizer.apply_linear_schedule(warmup, total)  # the C++ scheduler's constructor steps once ...
         optimizer.set_initial_learning_rate(initial_lr)  # ... then RegisterScheduler sets the initial lr
@@ -475,11 +468,3 @@ class TrainingSession:
     def output_names(self, training: bool) -> List[str]:
         """C# `OutputNames(training)`: the training or eval model's user output names."""
         return self._engine.output_names(bool(training))
-
-
-def _step_count(value: Any, what: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{what} must be >= 0, got {value}")
-    return int(value)

@@ -195,10 +195,9 @@ def test_lamb_ratio_bounds_must_agree_across_weights(model_bytes):
         TrainingSession(model_bytes, params)
 
 
-@pytest.mark.parametrize("optimizer", ["AdamOptimizer", "LambOptimizer"])
-def test_grad_norm_clipping(model_bytes, initial, optimizer):
+def test_grad_norm_clipping_of_lamb(model_bytes, initial):
     max_norm = 0.05
-    params = make_params(optimizer, clip=True, float_attrs={"max_norm_clip": max_norm},
+    params = make_params("LambOptimizer", clip=True, float_attrs={"max_norm_clip": max_norm},
                          int_attrs={"do_bias_correction": 1})
     session = TrainingSession(model_bytes, params)
     ref = {k: v.copy() for k, v in initial.items()}
@@ -209,24 +208,53 @@ def test_grad_norm_clipping(model_bytes, initial, optimizer):
         div = ref_divisor(grads, max_norm, True)
         assert div > 1.0, "the test must exercise clipping"
         session.run(["loss"], feed(x, y, 0.01))
-        update = ref_adam if optimizer == "AdamOptimizer" else ref_lamb
         for k in ref:
-            ref[k], m1[k], m2[k] = update(ref[k], grads[k], m1[k], m2[k], step, 0.01, bias=1, div=div)
+            ref[k], m1[k], m2[k] = ref_lamb(ref[k], grads[k], m1[k], m2[k], step, 0.01, bias=1, div=div)
         state = session.get_state()
         for k in ref:
             assert_close(state[f"Moment_1_{k}"], m1[k], f"clipped moment of {k}")
             assert_close(state[k], ref[k], f"{k} after step {step}")
 
 
-def test_grad_norm_clip_is_on_by_default_and_sgd_ignores_it(model_bytes, initial):
+def test_adam_is_never_clipped_as_in_orts_cpu_kernel(model_bytes, initial):
+    """ORT's CPU AdamOptimizer reads no gradient norm (docs/legacy.md): with clipping enabled and a
+    max_norm_clip far below the gradient norm, the updates are the unclipped ones."""
+    max_norm = 0.05
+    params = make_params("AdamOptimizer", clip=True, float_attrs={"max_norm_clip": max_norm},
+                         int_attrs={"do_bias_correction": 1})
+    session = TrainingSession(model_bytes, params)
+    ref = {k: v.copy() for k, v in initial.items()}
+    m1 = {k: np.zeros_like(v) for k, v in ref.items()}
+    m2 = {k: np.zeros_like(v) for k, v in ref.items()}
+    for step, (x, y) in enumerate(batches(3, seed=4), start=1):
+        _, grads = ref_loss_and_grads(ref, x, y)
+        assert ref_divisor(grads, max_norm, True) > 1.0, "clipping would change the update"
+        session.run(["loss"], feed(x, y, 0.01))
+        for k in ref:
+            ref[k], m1[k], m2[k] = ref_adam(ref[k], grads[k], m1[k], m2[k], step, 0.01, bias=1)
+        state = session.get_state()
+        for k in ref:
+            assert_close(state[f"Moment_1_{k}"], m1[k], f"unclipped moment of {k}")
+            assert_close(state[k], ref[k], f"{k} after step {step}")
+
+
+def test_grad_norm_clip_is_on_by_default_for_lamb_and_sgd_and_adam_ignore_it(model_bytes, initial):
     assert TrainingParameters().enable_grad_norm_clip is True
     (x, y), = batches(1, seed=5)
-    clipped = TrainingSession(model_bytes, make_params("AdamOptimizer", clip=True, float_attrs={"max_norm_clip": 1e-3}))
-    free = TrainingSession(model_bytes, make_params("AdamOptimizer", clip=False, float_attrs={"max_norm_clip": 1e-3}))
+    clipped = TrainingSession(model_bytes, make_params("LambOptimizer", clip=True, float_attrs={"max_norm_clip": 1e-3}))
+    free = TrainingSession(model_bytes, make_params("LambOptimizer", clip=False, float_attrs={"max_norm_clip": 1e-3}))
     clipped.run(["loss"], feed(x, y, 0.1))
     free.run(["loss"], feed(x, y, 0.1))
     assert not np.allclose(clipped.get_state()[f"Moment_1_{W}"], free.get_state()[f"Moment_1_{W}"])
-    y = y * 20  # a gradient norm well above Adam/Lamb's default max_norm_clip of 1
+    adam_clipped = TrainingSession(model_bytes, make_params("AdamOptimizer", clip=True,
+                                                            float_attrs={"max_norm_clip": 1e-3}))
+    adam_free = TrainingSession(model_bytes, make_params("AdamOptimizer", clip=False,
+                                                         float_attrs={"max_norm_clip": 1e-3}))
+    adam_clipped.run(["loss"], feed(x, y, 0.1))
+    adam_free.run(["loss"], feed(x, y, 0.1))
+    for key, value in adam_free.get_state().items():
+        np.testing.assert_array_equal(adam_clipped.get_state()[key], value, err_msg=key)
+    y = y * 20  # a gradient norm well above Lamb's default max_norm_clip of 1
     sgd = TrainingSession(model_bytes, make_params("SGDOptimizer", clip=True))
     sgd.run(["loss"], feed(x, y, 0.5))
     _, grads = ref_loss_and_grads(initial, x, y)
@@ -561,3 +589,17 @@ def test_parameters_are_snapshotted(model_bytes, initial):
     (x, y), = batches(1, seed=17)
     session.run(["loss"], feed(x, y, 0.1))
     assert set(session.get_state()) == {W, B}
+
+
+def test_set_providers_keeps_weights_optimizer_state_and_accumulated_gradients(model_bytes):
+    data = batches(6, seed=18)
+    moved = TrainingSession(model_bytes, make_params("AdamOptimizer", gradient_accumulation_steps=2))
+    stayed = TrainingSession(model_bytes, make_params("AdamOptimizer", gradient_accumulation_steps=2))
+    for index, (x, y) in enumerate(data):
+        if index in (2, 3):  # between updates, then in the middle of an accumulation cycle
+            moved.set_providers(["CPUExecutionProvider"])
+        moved.run(["loss"], feed(x, y, 0.01))
+        stayed.run(["loss"], feed(x, y, 0.01))
+    assert moved.get_providers() == ["CPUExecutionProvider"]
+    for key, value in stayed.get_state().items():
+        np.testing.assert_array_equal(moved.get_state()[key], value, err_msg=key)

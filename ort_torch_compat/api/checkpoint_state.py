@@ -13,7 +13,6 @@ from typing import Iterator, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from ..codec.dtypes import numpy_dtype
 from ..engine import TrainingState, load_state, save_state
 from ..engine.state import ParameterSlot, PropertyValue
 from ..errors import NominalStateError
@@ -36,9 +35,9 @@ def _assign(slot: ParameterSlot, value: np.ndarray) -> None:
             f"Parameter data shape mismatch. Expected: {{{', '.join(map(str, expected_shape))}}}, "
             f"Got: {{{', '.join(map(str, array.shape))}}}"
         )
-    if array.dtype != numpy_dtype(slot.data_type):
+    if array.dtype != slot.numpy_dtype:
         raise RuntimeError(
-            f"Parameter data type mismatch. Expected: {numpy_dtype(slot.data_type)}, Got: {array.dtype}"
+            f"Parameter data type mismatch. Expected: {slot.numpy_dtype}, Got: {array.dtype}"
         )
     with torch.no_grad():
         slot.tensor.copy_(torch.from_numpy(np.ascontiguousarray(array)))
@@ -179,7 +178,7 @@ class CheckpointState:
 
     def get_parameter_type_and_shape(self, name: str) -> Tuple[np.dtype, Tuple[int, ...]]:
         slot = self._parameters._slot(name)
-        return numpy_dtype(slot.data_type), tuple(slot.tensor.shape)
+        return slot.numpy_dtype, tuple(slot.tensor.shape)
 
     def get_parameter(self, name: str) -> np.ndarray:
         return self.parameters[name].data

@@ -6,9 +6,8 @@ from typing import List, Optional, Union
 
 from ..engine import TrainingEngine
 from ..engine.export import export_inference_model
+from ..values import OrtValue, from_tensors, to_tensor, to_tensors
 from .checkpoint_state import CheckpointState
-from ._values import from_tensors, to_tensor, to_tensors
-from .ortvalue import OrtValue
 
 PathOrBytes = Union[str, os.PathLike, bytes]
 

@@ -5,9 +5,10 @@ time.  glibc serves blocks above its mmap threshold with fresh mappings and retu
 on free, so every step pays page faults and kernel zeroing on megabytes of memory: on the
 benchmark transformer that is ~15% of the step.  ONNX Runtime avoids it with its own
 arena.  We ask glibc to keep such blocks in the heap (raise the mmap and trim thresholds)
-once, when the first CPU engine is created.  Peak RSS is unchanged (it is the working set
-either way); memory freed after training is kept by the process.  Set the environment
-variable ORT_TORCH_COMPAT_MALLOC_TUNING=0 to leave the allocator alone.
+once per process, when the first engine is created, whatever its device.  Peak RSS is
+unchanged (it is the working set either way); memory freed after training is kept by the
+process.  Set the environment variable ORT_TORCH_COMPAT_MALLOC_TUNING=0 to leave the
+allocator alone.
 """
 from __future__ import annotations
 

@@ -11,10 +11,20 @@ from typing import List, Optional, Sequence, Tuple
 import onnx
 import torch
 
-from ..codec.dtypes import torch_dtype
+from ..codec.dtypes import code_from_torch, torch_dtype
 from ..errors import InvalidInputError
 
 ONNX_TYPE_NAMES = {v: k.lower() for k, v in onnx.TensorProto.DataType.items()}
+
+
+def onnx_type_name(elem_type: int) -> str:
+    """ORT's type string for an ONNX element type code, such as "tensor(float)"."""
+    return f"tensor({ONNX_TYPE_NAMES.get(elem_type, 'undefined')})"
+
+
+def torch_type_name(dtype: torch.dtype) -> str:
+    """ORT's type string for a torch dtype."""
+    return onnx_type_name(code_from_torch(dtype))
 
 
 @dataclass(frozen=True)
@@ -29,7 +39,7 @@ class ValueSpec:
 
     @property
     def type_name(self) -> str:
-        return f"tensor({ONNX_TYPE_NAMES.get(self.elem_type, 'undefined')})"
+        return onnx_type_name(self.elem_type)
 
 
 def value_spec(info: onnx.ValueInfoProto) -> ValueSpec:

@@ -43,6 +43,7 @@ class ParameterStore:
         self.order: List[str] = list(order) + extra
         self.groups: Dict[torch.dtype, FlatGroup] = {}
         self.trainable: List[torch.Tensor] = []
+        self.trainable_names: List[str] = []  # the names of `trainable`, in the same order
         self._build(shapes)
 
     def _initial_value(self, slot: ParameterSlot, shape: Optional[Tuple[int, ...]]) -> torch.Tensor:
@@ -78,6 +79,7 @@ class ParameterStore:
                 view.grad = torch.zeros_like(view)  # ORT creates zeroed gradient buffers per Module
                 self.state.parameters[name].tensor = view
                 self.trainable.append(view)
+                self.trainable_names.append(name)
             self.groups[dtype] = group
 
     # ---- gradients -------------------------------------------------------------------

@@ -12,6 +12,8 @@ from typing import Dict, List, Optional, Union
 import numpy as np
 import torch
 
+from ..codec.dtypes import numpy_dtype as onnx_numpy_dtype
+
 PropertyValue = Union[int, float, str]
 
 DEFAULT_LEARNING_RATE = 0.001
@@ -27,6 +29,11 @@ class ParameterSlot:
     data_type: int
     requires_grad: bool
     tensor: Optional[torch.Tensor]
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        """The numpy dtype of `data_type` (known even while the state is nominal)."""
+        return onnx_numpy_dtype(self.data_type)
 
     @property
     def grad(self) -> Optional[torch.Tensor]:

@@ -1,4 +1,5 @@
-"""The one training engine behind both the drop-in API and the C-API-shaped session.
+"""The one training engine behind every API: the drop-in `api/`, the C-API-shaped session
+and the legacy `TrainingSession`.
 
 It converts the forward+loss part of the training model (and the eval model) into torch
 modules once, feeds them the state's parameter views, and implements ORT's TrainStep /
@@ -7,25 +8,19 @@ gradients, later ones accumulate (InPlaceAccumulatorV2), eval never touches them
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import onnx
 import torch
 
 from ..errors import InvalidInputError, ModelLoadError, NominalStateError
-from ..graph import build_graph_module, forward_graph
+from .graph_module import build_module
 from .host_allocator import tune_host_allocator
 from .io_spec import check_inputs, names
-from .model_io import ModelSource, describe, load_model, opset_map
+from .model_io import ModelSource, describe, load_model
 from .parameters import ParameterStore
 from .state import TrainingState
 from .training_graph import GraphIO, check_eval_matches, check_parameter_types, eval_io, training_io
-
-
-def _build(model: onnx.ModelProto, io: GraphIO, label: str) -> torch.nn.Module:
-    input_names = names(io.user_inputs) + io.param_names()
-    graph = forward_graph(model, io.outputs, input_names, label)
-    return build_graph_module(graph, opset_map(model), input_names, io.outputs, label)
 
 
 class TrainingEngine:
@@ -38,14 +33,29 @@ class TrainingEngine:
         eval_model: Optional[ModelSource] = None,
         device: str = "cpu",
     ):
+        label = f"training model {describe(train_model, 'training model')}"
+        proto = load_model(train_model, "training model")
+        self._setup(state, proto, training_io(proto, state, label), label, eval_model, device)
+
+    @classmethod
+    def over_graph(cls, state: TrainingState, model: onnx.ModelProto, io: GraphIO, label: str,
+                   device: str = "cpu") -> "TrainingEngine":
+        """An engine over any model whose inputs `io` already classifies (`io.outputs[0]` is the
+        loss), with no eval model: the entry point for models that are not ORT training
+        artifacts, such as the legacy session's loss-in-graph model (see `loss_model.py`)."""
+        engine = cls.__new__(cls)
+        engine._setup(state, model, io, label, None, device)
+        return engine
+
+    def _setup(self, state: TrainingState, train_proto: onnx.ModelProto, train_io: GraphIO, train_label: str,
+               eval_model: Optional[ModelSource], device: str) -> None:
         self.state = state
         self.device = torch.device(device)
         tune_host_allocator()
-        self.train_label = f"training model {describe(train_model, 'training model')}"
-        train_proto = load_model(train_model, "training model")
-        self.train_io = training_io(train_proto, state, self.train_label)
+        self.train_label = train_label
+        self.train_io = train_io
         shapes = check_parameter_types(self.train_io, state, self.train_label)
-        self.train_module = _build(train_proto, self.train_io, self.train_label).to(self.device).train()
+        self.train_module = build_module(train_proto, self.train_io, self.train_label).to(self.device).train()
 
         self.eval_source = eval_model
         self.eval_io: Optional[GraphIO] = None
@@ -56,7 +66,7 @@ class TrainingEngine:
             self.eval_io = eval_io(eval_proto, state)
             check_eval_matches(self.eval_io, self.train_io, eval_label)
             check_parameter_types(self.eval_io, state, eval_label)
-            self.eval_module = _build(eval_proto, self.eval_io, eval_label).to(self.device).eval()
+            self.eval_module = build_module(eval_proto, self.eval_io, eval_label).to(self.device).eval()
 
         self.store = ParameterStore(state, self.train_io.param_names(), shapes, self.device)
         self._train_params = [state.parameters[n].tensor for n in self.train_io.param_names()]
@@ -110,6 +120,44 @@ class TrainingEngine:
     def lazy_reset_grad(self) -> None:
         """Schedule the next train step to overwrite (not add to) the gradients."""
         self._accumulate = False
+
+    def train_step_with_gradients(self, inputs: Sequence[torch.Tensor]) -> Tuple[List[torch.Tensor], Dict[str, torch.Tensor]]:
+        """`train_step`, also returning this step's own gradient of every trainable parameter
+        by name (not the accumulated sum; zeros where the loss does not reach a parameter)."""
+        captured: Dict[int, torch.Tensor] = {}
+
+        def keep(index: int):
+            def hook(grad: torch.Tensor) -> None:
+                captured[index] = grad.detach().clone()  # autograd may add later steps into `grad`
+            return hook
+
+        handles = [tensor.register_hook(keep(i)) for i, tensor in enumerate(self.store.trainable)]
+        try:
+            outputs = self.train_step(inputs)
+        finally:
+            for handle in handles:
+                handle.remove()
+        grads = {name: captured[i] if i in captured else torch.zeros_like(tensor)
+                 for i, (name, tensor) in enumerate(zip(self.store.trainable_names, self.store.trainable))}
+        return outputs, grads
+
+    def gradients(self) -> Dict[str, torch.Tensor]:
+        """The current (accumulated) gradient of every trainable parameter, by name."""
+        return {name: tensor.grad for name, tensor in zip(self.store.trainable_names, self.store.trainable)}
+
+    def continue_accumulation(self, grads: Dict[str, torch.Tensor]) -> None:
+        """Take over gradients accumulated elsewhere (another engine, another device): they
+        become the current gradients and the next train step adds to them."""
+        with torch.no_grad():
+            for name, tensor in zip(self.store.trainable_names, self.store.trainable):
+                tensor.grad.copy_(grads[name])
+        self._accumulate = True
+
+    def scale_gradients(self, factor: float) -> None:
+        """Multiply every trainable parameter's gradient by `factor` in place (the legacy
+        optimizer graph averages N accumulated steps this way)."""
+        with torch.no_grad():
+            torch._foreach_mul_([tensor.grad for tensor in self.store.trainable], factor)
 
     # ---- names -----------------------------------------------------------------------
     def input_names(self, training: bool) -> List[str]:

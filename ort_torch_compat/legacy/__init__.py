@@ -4,7 +4,7 @@
 
 See docs/legacy.md for what is supported, and the optimizer formulas.
 """
-from .parameters import TrainingParameters
+from .training_parameters import TrainingParameters
 from .session import TrainingSession
 from .session_info import ModelMetadata, NodeArg, SessionOptions
 

@@ -32,12 +32,12 @@ import onnx
 import torch
 from torch import nn
 
-from ..engine.io_spec import ValueSpec, check_inputs, value_spec
-from ..engine.model_io import ModelSource, describe, load_model, opset_map
+from ..engine.graph_module import build_module, io_for_outputs
+from ..engine.io_spec import check_inputs
+from ..engine.model_io import ModelSource, describe, load_model
 from ..engine.state import TrainingState
-from ..engine.training_graph import check_parameter_types, eval_io, training_io
+from ..engine.training_graph import GraphIO, check_parameter_types, eval_io, training_io
 from ..errors import InvalidInputError, ModelMismatchError
-from ..graph import build_graph_module, forward_graph
 from ..graph.subgraph import ancestor_nodes
 from .state_dict import MigrationError, _as_state, state_dict_to_checkpoint
 
@@ -50,10 +50,7 @@ __all__ = ["to_torch_module", "OrtTorchModule", "model_outputs"]
 @dataclass
 class _Graph:
     module: torch.nn.Module
-    inputs: List[ValueSpec]
-    params: List[str]
-    outputs: List[str]
-    label: str
+    io: GraphIO  # the user inputs and parameters the module takes, and its outputs
 
 
 def _produced(graph: onnx.GraphProto) -> Dict[str, onnx.NodeProto]:
@@ -88,30 +85,10 @@ def model_outputs(model: onnx.ModelProto, roots: Sequence[str], label: str = "mo
     return found
 
 
-def _user_inputs(model: onnx.ModelProto, state: TrainingState, nodes: Sequence[onnx.NodeProto],
-                 outputs: Sequence[str]) -> List[ValueSpec]:
-    used = {name for node in nodes for name in node.input} | set(outputs)
-    from ..engine.training_graph import RESET_INPUT, is_gradient_name
-
-    return [value_spec(i) for i in model.graph.input
-            if i.name in used and i.name not in state.parameters and i.name != RESET_INPUT
-            and not is_gradient_name(i.name)]
-
-
-def _build_graph(model: onnx.ModelProto, state: TrainingState, outputs: Sequence[str], label: str) -> _Graph:
-    graph = model.graph
-    available = set(_produced(graph)) | {i.name for i in graph.input}
-    missing = [o for o in outputs if o not in available]
-    if missing:
-        raise ModelMismatchError(f"{label} does not compute output(s) {missing}")
-    nodes = ancestor_nodes(graph, outputs)
-    users = _user_inputs(model, state, nodes, outputs)
-    used = {name for node in nodes for name in node.input} | set(outputs)
-    params = [i.name for i in graph.input if i.name in state.parameters and i.name in used]
-    input_names = [spec.name for spec in users] + params
-    sub = forward_graph(model, list(outputs), input_names, label)
-    module = build_graph_module(sub, opset_map(model), input_names, list(outputs), label)
-    return _Graph(module, users, params, list(outputs), label)
+def _build_graph(model: onnx.ModelProto, io: GraphIO, outputs: Sequence[str], label: str) -> _Graph:
+    """The engine's module for `outputs`, fed only the inputs and parameters they need."""
+    cut = io_for_outputs(model, io, outputs, label)
+    return _Graph(build_module(model, cut, label), cut)
 
 
 def _is_path(source: object) -> bool:
@@ -208,17 +185,18 @@ class OrtTorchModule(nn.Module):
     @property
     def input_names(self) -> List[str]:
         """Names of forward()'s positional inputs in the current mode."""
-        return [spec.name for spec in self._graph().inputs]
+        return [spec.name for spec in self._graph().io.user_inputs]
 
     @property
     def output_names(self) -> List[str]:
-        return list(self._graph().outputs)
+        return list(self._graph().io.outputs)
 
     def forward(self, *inputs, **named_inputs):
         graph = self._graph()
+        specs = graph.io.user_inputs
         feeds = list(inputs)
         if named_inputs:
-            rest = graph.inputs[len(feeds):]
+            rest = specs[len(feeds):]
             unknown = sorted(set(named_inputs) - {spec.name for spec in rest})
             if unknown:
                 raise InvalidInputError(
@@ -228,9 +206,9 @@ class OrtTorchModule(nn.Module):
                 raise InvalidInputError(f"forward: missing input(s) {missing}; inputs are {self.input_names}")
             feeds += [named_inputs[spec.name] for spec in rest]
         feeds = [torch.from_numpy(np.ascontiguousarray(f)) if isinstance(f, np.ndarray) else f for f in feeds]
-        check_inputs(graph.inputs, feeds, "forward")
+        check_inputs(specs, feeds, "forward")
         params = self.checkpoint_parameters()
-        outputs = graph.module(*feeds, *[params[name] for name in graph.params])
+        outputs = graph.module(*feeds, *[params[name] for name in graph.io.param_names()])
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _apply(self, fn, recurse=True):
@@ -241,7 +219,7 @@ class OrtTorchModule(nn.Module):
 
     def extra_repr(self) -> str:
         graph = self._graphs["train"]
-        return (f"with_loss={self.with_loss}, inputs={[s.name for s in graph.inputs]}, outputs={graph.outputs}, "
+        return (f"with_loss={self.with_loss}, inputs={[s.name for s in graph.io.user_inputs]}, outputs={graph.io.outputs}, "
                 f"parameters={len(self._key_of)}")
 
 
@@ -295,30 +273,31 @@ def to_torch_module(
     if eval_model is None and _is_path(training_model):
         candidate = os.path.join(os.path.dirname(os.path.abspath(os.fspath(training_model))), EVAL_MODEL_FILE)
         eval_model = candidate if os.path.exists(candidate) else False
-    eval_proto = eval_label = None
+    eval_proto = eval_label = eval_graph_io = None
     if eval_model is not None and eval_model is not False:
         eval_label = f"eval model {describe(eval_model, 'eval model')}"
         eval_proto = load_model(eval_model, "eval model")
-        check_parameter_types(eval_io(eval_proto, state), state, eval_label)
+        eval_graph_io = eval_io(eval_proto, state)
+        check_parameter_types(eval_graph_io, state, eval_label)
 
     graphs: Dict[str, _Graph] = {}
     if with_loss:
         if outputs is not None:
             raise ValueError("outputs= applies to with_loss=False only")
-        graphs["train"] = _build_graph(train_proto, state, io.outputs, train_label)
+        graphs["train"] = _build_graph(train_proto, io, io.outputs, train_label)
         if eval_proto is not None:
-            graphs["eval"] = _build_graph(eval_proto, state, [o.name for o in eval_proto.graph.output], eval_label)
+            graphs["eval"] = _build_graph(eval_proto, eval_graph_io, eval_graph_io.outputs, eval_label)
     else:
         if outputs is None:
             if eval_proto is not None:
-                outputs = model_outputs(eval_proto, [o.name for o in eval_proto.graph.output], eval_label)
+                outputs = model_outputs(eval_proto, eval_graph_io.outputs, eval_label)
             else:
                 outputs = model_outputs(train_proto, io.outputs, train_label)
         outputs = list(outputs)
         if eval_proto is not None:
-            graphs["eval"] = _build_graph(eval_proto, state, outputs, eval_label)
+            graphs["eval"] = _build_graph(eval_proto, eval_graph_io, outputs, eval_label)
         try:
-            graphs["train"] = _build_graph(train_proto, state, outputs, train_label)
+            graphs["train"] = _build_graph(train_proto, io, outputs, train_label)
         except ModelMismatchError:
             if "eval" not in graphs:
                 raise

@@ -12,6 +12,8 @@ from typing import Any, Dict
 
 import numpy as np
 
+from ..values import to_numpy
+
 DDP_HINT = (
     "ort_torch_compat.legacy.TrainingSession trains on one device. For multi-process data-parallel training "
     "wrap the model in torch.nn.parallel.DistributedDataParallel instead (see examples/ddp_train.py)."
@@ -100,7 +102,7 @@ class TrainingParameters:
         for weight, entries in state.items():
             if not isinstance(entries, dict):
                 raise TypeError(f"optimizer initial state for '{weight}' must be a dict {{state_name: array}}")
-            converted[str(weight)] = {str(k): _as_numpy(v) for k, v in entries.items()}
+            converted[str(weight)] = {str(k): np.array(to_numpy(v)) for k, v in entries.items()}  # a copy
         object.__setattr__(self, "_optimizer_initial_state", converted)
 
     @property
@@ -118,11 +120,3 @@ class TrainingParameters:
             object.__setattr__(other, name, copy.deepcopy(getattr(self, name)))
         object.__setattr__(other, "_optimizer_initial_state", copy.deepcopy(self._optimizer_initial_state))
         return other
-
-
-def _as_numpy(value: Any) -> np.ndarray:
-    if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch.Tensor
-        return value.detach().cpu().numpy().copy()
-    if hasattr(value, "numpy") and not isinstance(value, np.ndarray):  # OrtValue-like
-        return np.array(value.numpy())
-    return np.array(value)

@@ -1,0 +1,42 @@
+"""The engine's one way of turning an ONNX model into a torch module.
+
+A module computes `io.outputs` from the user inputs followed by the parameters (graph
+inputs fed with the state's tensors); the rest of the model's values are its constants.
+Every caller (the training engine, the legacy session's loss model, `to_torch_module`)
+builds its graphs here, so they convert the same way.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import onnx
+import torch
+
+from ..errors import ModelMismatchError
+from ..graph import build_graph_module, forward_graph
+from ..graph.subgraph import ancestor_nodes
+from .io_spec import names
+from .model_io import opset_map
+from .training_graph import GraphIO
+
+
+def build_module(model: onnx.ModelProto, io: GraphIO, label: str) -> torch.nn.Module:
+    """A module whose forward takes `io`'s user inputs then its parameters and returns `io.outputs`."""
+    input_names = names(io.user_inputs) + io.param_names()
+    graph = forward_graph(model, io.outputs, input_names, label)
+    return build_graph_module(graph, opset_map(model), input_names, io.outputs, label)
+
+
+def io_for_outputs(model: onnx.ModelProto, io: GraphIO, outputs: Sequence[str], label: str) -> GraphIO:
+    """`io` cut to `outputs`: only the user inputs and parameters those outputs depend on.
+
+    Raises ModelMismatchError when the model computes none of some output.
+    """
+    graph = model.graph
+    available = {out for node in graph.node for out in node.output if out} | {i.name for i in graph.input}
+    missing = [name for name in outputs if name not in available]
+    if missing:
+        raise ModelMismatchError(f"{label} does not compute output(s) {missing}")
+    used = {name for node in ancestor_nodes(graph, outputs) for name in node.input} | set(outputs)
+    return GraphIO([spec for spec in io.user_inputs if spec.name in used],
+                   [spec for spec in io.param_inputs if spec.name in used], list(outputs))

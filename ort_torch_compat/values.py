@@ -1,0 +1,128 @@
+"""The values every user-facing surface takes and returns: `OrtValue`, and the conversion of
+numpy arrays, OrtValues and torch tensors to tensors and back.
+
+`api/`, `session.py` and `legacy/` all accept the three kinds and answer in the kind they
+were given, so the rule lives here, once, below all three.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .engine.io_spec import torch_type_name
+from .errors import InvalidInputError
+
+
+def _device(device_type: str, device_id: int) -> torch.device:
+    return torch.device("cpu") if device_type == "cpu" else torch.device(device_type, device_id)
+
+
+class OrtValue:
+    """A torch-backed stand-in for ORT's `OrtValue`, with its accessors (`numpy()`, `shape()`,
+    `data_type()`...).  Holding a torch tensor (not a numpy copy) keeps values on the
+    engine's device: a training loop that passes OrtValues pays no host round trip per step.
+    """
+
+    def __init__(self, tensor: torch.Tensor):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"OrtValue wraps a torch.Tensor, got {type(tensor).__name__}")
+        self._tensor = tensor
+
+    @classmethod
+    def ortvalue_from_numpy(cls, numpy_obj: np.ndarray, device_type: str = "cpu", device_id: int = 0) -> "OrtValue":
+        tensor = torch.from_numpy(np.ascontiguousarray(numpy_obj))
+        return cls(tensor.to(_device(device_type, device_id)))
+
+    @classmethod
+    def ortvalue_from_shape_and_type(cls, shape: Sequence[int], element_type=np.float32, device_type: str = "cpu",
+                                     device_id: int = 0) -> "OrtValue":
+        dtype = torch.from_numpy(np.empty(0, dtype=element_type)).dtype
+        return cls(torch.empty(tuple(shape), dtype=dtype, device=_device(device_type, device_id)))
+
+    @classmethod
+    def from_torch(cls, tensor: torch.Tensor) -> "OrtValue":
+        return cls(tensor)
+
+    def to_torch(self) -> torch.Tensor:
+        """The underlying tensor (shared, not copied)."""
+        return self._tensor
+
+    def numpy(self) -> np.ndarray:
+        return self._tensor.detach().cpu().numpy()
+
+    def shape(self) -> list:
+        return list(self._tensor.shape)
+
+    def data_type(self) -> str:
+        return torch_type_name(self._tensor.dtype)
+
+    def element_type(self) -> type:
+        return self.numpy().dtype.type
+
+    def device_name(self) -> str:
+        return self._tensor.device.type
+
+    def is_tensor(self) -> bool:
+        return True
+
+    def has_value(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"OrtValue({self.data_type()}, shape={self.shape()}, device={self._tensor.device})"
+
+
+def to_tensor(value: Any, what: str) -> torch.Tensor:
+    """A tensor view of `value` without copying where possible (numpy shares memory)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, OrtValue):
+        return value.to_torch()
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value if value.flags.c_contiguous and value.flags.writeable else np.array(value))
+    numpy_method = getattr(value, "numpy", None)
+    if callable(numpy_method):  # onnxruntime's own OrtValue (or C.OrtValue)
+        return torch.from_numpy(np.array(numpy_method()))
+    raise InvalidInputError(f"{what}: expected a numpy array, OrtValue or torch tensor, got {type(value).__name__}")
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    """A numpy array for any value a user may pass (numpy, OrtValue, torch tensor, list, scalar);
+    host tensors and arrays are not copied."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    numpy_method = getattr(value, "numpy", None)
+    if callable(numpy_method):  # our OrtValue, or onnxruntime's
+        return np.asarray(numpy_method())
+    return np.asarray(value)
+
+
+def to_tensors(values: Sequence[Any]) -> Tuple[List[torch.Tensor], str]:
+    """Tensors for `values` (None skipped, as ORT does) and the kind of value to return."""
+    present = [v for v in values if v is not None]
+    if any(isinstance(v, np.ndarray) for v in present):
+        kind = "numpy"
+    elif present and all(isinstance(v, torch.Tensor) for v in present):
+        kind = "torch"
+    else:
+        kind = "ortvalue"
+    return [to_tensor(v, f"input {i}") for i, v in enumerate(present)], kind
+
+
+def values_as(tensors: Sequence[torch.Tensor], kind: str) -> list:
+    """`tensors` as a list of values of `kind` ("numpy", "torch" or "ortvalue")."""
+    if kind == "numpy":
+        return [t.detach().cpu().numpy() for t in tensors]
+    if kind == "torch":
+        return list(tensors)
+    return [OrtValue(t) for t in tensors]
+
+
+def from_tensors(tensors: Sequence[torch.Tensor], kind: str):
+    """One value for a single output, else a tuple, in the kind the inputs came in."""
+    values = values_as(tensors, kind)
+    return values[0] if len(values) == 1 else tuple(values)
