@@ -166,8 +166,9 @@ class _Temp:
     """
 
     def __init__(self, path: str, what: str) -> None:
-        self.target = path
-        directory, base = _split(path)
+        self.discarded = False
+        self.directory, base = _split(path)
+        directory = self.directory
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
         for _ in range(100):
             self.name = _temp_name(base)
@@ -182,24 +183,20 @@ class _Temp:
                 raise _named(exc, what, path) from exc
         else:  # pragma: no cover - 100 random collisions
             raise FileExistsError(errno.EEXIST, f"cannot create a temp file for {path}", path)
-        if fcntl is not None:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                pass
-        self.inode = os.fstat(self.fd).st_ino
+        _try_flock(self.fd)
 
     def write(self, content: Content) -> None:
         """Write and fsync; a function is given the temp path and writes the file itself."""
         if callable(content):
-            content(self.path)
-            # The function may have replaced the file: fsync (and remember) what is there now.
-            fd = os.open(self.path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                self.inode = os.fstat(fd).st_ino
-            finally:
-                os.close(fd)
+            # The function may replace the file (safetensors writes a new one and renames
+            # it): lock what is there now, with the cleanup kept out meanwhile.
+            with _directory_lock(self.directory, exclusive=False):
+                content(self.path)
+                os.close(self.fd)  # our old lock would refuse the new one on the same file
+                self.fd = -1
+                self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                _try_flock(self.fd)
+            os.fsync(self.fd)
             return
         # A dup keeps our descriptor (and so the flock) open when the file object closes.
         with os.fdopen(os.dup(self.fd), "wb") as handle:
@@ -210,18 +207,24 @@ class _Temp:
         os.fsync(self.fd)
 
     def discard(self) -> None:
-        """Close; remove the file if it still sits at its temp name (it was not renamed).
-        Idempotent, so that both a normal exit and an error path may call it."""
-        if self.fd < 0:
+        """Close; remove the file if it still sits at its (unique) temp name, i.e. it was not
+        renamed into place.  Idempotent, so that a normal exit and an error path may both call it."""
+        if self.discarded:
             return
+        self.discarded = True
+        _remove_quietly(self.path)
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _try_flock(fd: int) -> None:
+    """Mark a temp file as in use (see `_remove_abandoned`); a no-op where flock is unavailable."""
+    if fcntl is not None:
         try:
-            current = os.lstat(self.path)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            current = None
-        if current is not None and current.st_ino == self.inode:
-            _remove_quietly(self.path)
-        os.close(self.fd)
-        self.fd = -1
+            pass
 
 
 def _remove_quietly(path: str) -> None:

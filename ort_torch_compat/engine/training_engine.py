@@ -86,15 +86,16 @@ class TrainingEngine:
             )
         check_inputs(self.train_io.user_inputs, inputs, "train step")
         feeds = self._to_device(inputs, self.train_io)
-        if not self._accumulate:
-            self.store.release_grads()
-        with torch.enable_grad():
-            outputs = self.train_module(*feeds, *self._train_params)
-            loss = outputs[0]
-            if loss.requires_grad:
-                loss.backward(torch.ones_like(loss) if loss.dim() else None)
-        if not self._accumulate:
-            self.store.fill_missing_grads()
+        with self.state.lock:  # BatchNorm running stats change in the forward pass (see TrainingState)
+            if not self._accumulate:
+                self.store.release_grads()
+            with torch.enable_grad():
+                outputs = self.train_module(*feeds, *self._train_params)
+                loss = outputs[0]
+                if loss.requires_grad:
+                    loss.backward(torch.ones_like(loss) if loss.dim() else None)
+            if not self._accumulate:
+                self.store.fill_missing_grads()
         self._accumulate = True
         return [out.detach() for out in outputs]
 
@@ -136,6 +137,7 @@ class TrainingEngine:
             raise NominalStateError(
                 "For nominal checkpoint state, all parameters need to be loaded into the model (trainable_only = false)."
             )
-        self.store.from_buffer(buffer, trainable_only)
+        with self.state.lock:
+            self.store.from_buffer(buffer, trainable_only)
         if not trainable_only:
             self.state.is_nominal = False
