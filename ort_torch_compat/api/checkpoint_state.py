@@ -13,7 +13,7 @@ from typing import Iterator, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from ..codec.dtypes import numpy_dtype
+from ..codec.dtypes import numpy_dtype, numpy_to_torch, torch_to_numpy
 from ..engine import TrainingState, load_state, save_state
 from ..engine.state import ParameterSlot, PropertyValue
 from ..errors import NominalStateError
@@ -22,7 +22,7 @@ _NOMINAL_MESSAGE = "Cannot get parameter from a nominal state. Please load the p
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.detach().cpu().numpy().copy()
+    return torch_to_numpy(tensor)  # bfloat16 / float8 included
 
 
 def _assign(slot: ParameterSlot, value: np.ndarray) -> None:
@@ -41,7 +41,7 @@ def _assign(slot: ParameterSlot, value: np.ndarray) -> None:
             f"Parameter data type mismatch. Expected: {numpy_dtype(slot.data_type)}, Got: {array.dtype}"
         )
     with torch.no_grad():
-        slot.tensor.copy_(torch.from_numpy(np.ascontiguousarray(array)))
+        slot.tensor.copy_(numpy_to_torch(array))
 
 
 class Parameter:
@@ -150,10 +150,16 @@ class CheckpointState:
         self._properties = Properties(state)
 
     @classmethod
-    def load_checkpoint(cls, checkpoint_uri: Union[str, os.PathLike, bytes, bytearray, memoryview]) -> "CheckpointState":
-        """Load from a checkpoint file, or from its bytes (ORT's LoadCheckpointFromBuffer)."""
-        in_memory = isinstance(checkpoint_uri, (bytes, bytearray, memoryview))
-        return cls(load_state(checkpoint_uri if in_memory else os.fspath(checkpoint_uri)))
+    def load_checkpoint(
+        cls, checkpoint_uri: Union[str, os.PathLike, bytes, bytearray, memoryview], *, allow_external_symlinks: bool = False
+    ) -> "CheckpointState":
+        """Load from a checkpoint file, or from its bytes (ORT's LoadCheckpointFromBuffer).
+
+        ``allow_external_symlinks=True`` accepts a ``.data`` companion that is a symlink to a
+        file outside the checkpoint's folder (refused by default)."""
+        if isinstance(checkpoint_uri, (bytes, bytearray, memoryview)):
+            return cls(load_state(checkpoint_uri))
+        return cls(load_state(os.fspath(checkpoint_uri), allow_external_symlinks=allow_external_symlinks))
 
     @classmethod
     def save_checkpoint(

@@ -15,7 +15,7 @@ import torch
 from ..errors import InvalidInputError, ModelLoadError, NominalStateError
 from ..graph import build_graph_module, forward_graph
 from .host_allocator import tune_host_allocator
-from .io_spec import check_inputs, names
+from .io_spec import BatchCheck, check_inputs, names
 from .model_io import ModelSource, describe, load_model, opset_map
 from .parameters import ParameterStore
 from .state import TrainingState
@@ -44,6 +44,7 @@ class TrainingEngine:
         self.train_label = f"training model {describe(train_model, 'training model')}"
         train_proto = load_model(train_model, "training model")
         self.train_io = training_io(train_proto, state, self.train_label)
+        self._train_batch = BatchCheck(train_proto, names(self.train_io.user_inputs))
         shapes = check_parameter_types(self.train_io, state, self.train_label)
         self.train_module = _build(train_proto, self.train_io, self.train_label).to(self.device).train()
 
@@ -54,6 +55,7 @@ class TrainingEngine:
             eval_label = f"eval model {describe(eval_model, 'eval model')}"
             eval_proto = load_model(eval_model, "eval model")
             self.eval_io = eval_io(eval_proto, state)
+            self._eval_batch = BatchCheck(eval_proto, names(self.eval_io.user_inputs))
             check_eval_matches(self.eval_io, self.train_io, eval_label)
             check_parameter_types(self.eval_io, state, eval_label)
             self.eval_module = _build(eval_proto, self.eval_io, eval_label).to(self.device).eval()
@@ -85,6 +87,7 @@ class TrainingEngine:
                 "(copy_buffer_to_parameters(buffer, trainable_only=False))."
             )
         check_inputs(self.train_io.user_inputs, inputs, "train step")
+        self._train_batch(inputs, "train step")
         feeds = self._to_device(inputs, self.train_io)
         with self.state.lock:  # BatchNorm running stats change in the forward pass (see TrainingState)
             if not self._accumulate:
@@ -105,6 +108,7 @@ class TrainingEngine:
         if self.state.is_nominal:
             raise NominalStateError("Cannot perform EvalStep with a nominal state. Please load the model parameters first.")
         check_inputs(self.eval_io.user_inputs, inputs, "eval step")
+        self._eval_batch(inputs, "eval step")
         with torch.no_grad():
             return list(self.eval_module(*self._to_device(inputs, self.eval_io), *self._eval_params))
 
