@@ -212,3 +212,34 @@ def test_copied_artifacts_train_the_same_from_any_working_directory(tmp_path, mo
     first = _train(tmp_path / "a" / "training_model.onnx")
     monkeypatch.chdir(tmp_path / "a")
     assert _train("training_model.onnx") == first
+
+
+# ---- build time of a large graph ------------------------------------------------------------
+def test_a_large_graph_builds_in_linear_time():
+    """2,000 and 8,000 elementwise nodes: CPU time per node stays flat (no quadratic step)
+    and small (about 0.1 ms per node on the development machine; 0.12 before issue 17)."""
+    import time
+
+    from ort_torch_compat.graph import build_graph_module, forward_graph
+
+    def chain(count):
+        nodes, previous = [], "x"
+        for i in range(count):
+            op = ("Relu", "Add", "Mul", "Sigmoid")[i % 4]
+            inputs = [previous, "w"] if op in ("Add", "Mul") else [previous]
+            nodes.append(helper.make_node(op, inputs, [f"v{i}"], name=f"n{i}"))
+            previous = f"v{i}"
+        graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3]),
+                                                   helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [3])],
+                                  [helper.make_tensor_value_info(previous, onnx.TensorProto.FLOAT, [2, 3])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        started = time.process_time()
+        sub = forward_graph(model, [previous], ["x", "w"], "chain")
+        module = build_graph_module(sub, {"": 17}, ["x", "w"], [previous], "chain")
+        seconds = time.process_time() - started
+        assert module(torch.ones(2, 3), torch.zeros(3))[0].shape == (2, 3)
+        return seconds / count
+
+    small, large = chain(2000), chain(8000)
+    assert large < 2.5 * small + 2e-5, (small, large)
+    assert large < 1e-3, large
