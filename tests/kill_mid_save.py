@@ -58,7 +58,15 @@ def save(rec: CheckpointRecord, path: str) -> None:
     write_checkpoint(rec, path, external_min_bytes=0 if rec.module_state.has_external_data else None)
 
 
-def instrument(stop_at: int, sig: int, before: bool, counter: list) -> None:
+def instrument(stop_at: int, sig: int, before: bool, counter: list, journal: str = "", marker: str = "") -> None:
+    """Count the calls; at call ``stop_at`` send ``sig``.  If ``journal`` exists at that moment
+    (the save is between its journal and its last rename), create ``marker``."""
+    def send():
+        if journal and os.path.lexists(journal):
+            with open(marker, "w"):
+                pass
+        os.kill(os.getpid(), sig)
+
     for name in COUNTED:
         real = getattr(os, name)
 
@@ -68,17 +76,18 @@ def instrument(stop_at: int, sig: int, before: bool, counter: list) -> None:
             counter[0] += 1
             hit = counter[0] == stop_at
             if hit and before:
-                os.kill(os.getpid(), sig)
+                send()
             try:
                 return _real(*args, **kwargs)
             finally:  # also after a call that failed (unlinking a file that is not there)
                 if hit and not before:
-                    os.kill(os.getpid(), sig)
+                    send()
 
         setattr(os, name, wrapper)
 
 
-def in_child(action, stop_at: int = 0, sig: int = signal.SIGKILL, before: bool = True, count_file: str = "") -> int:
+def in_child(action, stop_at: int = 0, sig: int = signal.SIGKILL, before: bool = True, count_file: str = "",
+             journal: str = "", marker: str = "") -> int:
     """Run `action` in a forked child, interrupted at boundary `stop_at`; return its exit code
     (0 completed, 130 KeyboardInterrupt, -9 killed)."""
     pid = os.fork()
@@ -86,7 +95,7 @@ def in_child(action, stop_at: int = 0, sig: int = signal.SIGKILL, before: bool =
         code = 0
         try:
             counter = [0]
-            instrument(stop_at, sig, before, counter)
+            instrument(stop_at, sig, before, counter, journal, marker)
             action()
             if count_file:
                 with open(count_file, "w") as handle:
@@ -173,7 +182,12 @@ def main(root: str) -> dict:
                     cases += 1
                     case = f"{scenario} {signal.Signals(sig).name} {'before' if before else 'after'} call {stop_at}/{total}"
                     setup()
-                    code = in_child(lambda: save(NEW, path), stop_at, sig, before)
+                    seen = os.path.join(root, "journal.seen")
+                    if os.path.exists(seen):
+                        os.unlink(seen)
+                    code = in_child(lambda: save(NEW, path), stop_at, sig, before,
+                                    journal=os.path.join(workdir, ".checkpoint.journal"), marker=seen)
+                    in_critical_section = os.path.exists(seen)
                     leftovers = [n for n in listing(workdir) if n not in ("checkpoint", "checkpoint.data")]
                     journal_left = ".checkpoint.journal" in leftovers
                     ort_view = classify(path, as_ort=True)
@@ -181,6 +195,8 @@ def main(root: str) -> dict:
                         failures.append(f"{case}: ONNX Runtime would load {ort_view}")
                     if sig == signal.SIGINT and (code != 130 or leftovers):
                         failures.append(f"{case}: exit {code}, left {leftovers}")
+                    if sig == signal.SIGINT and in_critical_section and classify(path) != "new":
+                        failures.append(f"{case}: Ctrl-C during the renames was not deferred until the save completed")
                     if sig == signal.SIGKILL and journal_left:
                         # kill the recovery too, at each of its own boundaries
                         snapshot = os.path.join(root, "snapshot")
