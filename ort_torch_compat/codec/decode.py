@@ -75,6 +75,13 @@ class _Blob:
         return bytes(self.view[offset : offset + nbytes])
 
 
+def _pread(fd: int, nbytes: int, offset: int) -> bytes:
+    if hasattr(os, "pread"):
+        return os.pread(fd, nbytes, offset)
+    os.lseek(fd, offset, os.SEEK_SET)  # pragma: no cover - Windows has no pread
+    return os.read(fd, nbytes)
+
+
 class _FileBlob:
     """An open ``.data`` companion: only the ranges the main file declares are ever read,
     so a huge or sparse file costs what the checkpoint needs, not its size."""
@@ -87,7 +94,7 @@ class _FileBlob:
     def read(self, offset: int, nbytes: int) -> bytes:
         chunks = []
         while nbytes > 0:
-            chunk = os.pread(self.fd, min(nbytes, 1 << 30), offset)
+            chunk = _pread(self.fd, min(nbytes, 1 << 30), offset)
             if not chunk:
                 raise CheckpointFormatError(self.source, f"truncated while reading (at offset {offset})")
             chunks.append(chunk)
