@@ -11,7 +11,7 @@ from typing import Any, List, Sequence, Tuple
 import numpy as np
 import torch
 
-from .engine.io_spec import torch_type_name
+from .engine.io_spec import tensor_from_array, torch_type_name
 from .errors import InvalidInputError
 
 
@@ -81,7 +81,7 @@ def to_tensor(value: Any, what: str) -> torch.Tensor:
     if isinstance(value, OrtValue):
         return value.to_torch()
     if isinstance(value, np.ndarray):
-        return torch.from_numpy(value if value.flags.c_contiguous and value.flags.writeable else np.array(value))
+        return tensor_from_array(value, what)
     numpy_method = getattr(value, "numpy", None)
     if callable(numpy_method):  # onnxruntime's own OrtValue (or C.OrtValue)
         return torch.from_numpy(np.array(numpy_method()))

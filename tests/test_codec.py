@@ -602,7 +602,7 @@ def test_artifact_external_threshold_small_scale():
 # Atomic writing
 # ---------------------------------------------------------------------------------------
 def _leftovers(d: Path):
-    return sorted(p.name for p in d.iterdir() if p.name.endswith(".tmp"))
+    return sorted(p.name for p in d.iterdir() if p.name.endswith((".tmp", ".journal")))
 
 
 def _two_records():
@@ -664,18 +664,20 @@ def test_atomic_write_external_failure_keeps_both_files(tmp_path, monkeypatch):
     write_checkpoint(a, path, external_min_bytes=0)
     old_main, old_data = path.read_bytes(), (tmp_path / "ck.data").read_bytes()
     real_replace = os.replace
+    failed = []
 
     def fail_main_rename(src, dst):
-        if Path(dst).name == "ck":  # the new .data is already in place, the main file fails
+        if Path(dst).name == "ck" and not failed:  # the new .data is in place, the new main file fails
+            failed.append(src)
             raise OSError(5, "Input/output error")
-        return real_replace(src, dst)
+        return real_replace(src, dst)  # the roll-back's renames work
 
     monkeypatch.setattr(os, "replace", fail_main_rename)
     with pytest.raises(OSError):
         write_checkpoint(b, path, external_min_bytes=0)
     monkeypatch.undo()
     # the pair is restored: the old main file with its own old .data, nothing left behind
-    assert path.read_bytes() == old_main
+    assert failed and path.read_bytes() == old_main
     assert (tmp_path / "ck.data").read_bytes() == old_data
     assert _leftovers(tmp_path) == []
     assert read_checkpoint(path).module_state.trainable[0].name == "w"

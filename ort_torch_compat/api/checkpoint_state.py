@@ -14,14 +14,14 @@ import numpy as np
 import torch
 
 from ..engine import TrainingState, load_state, save_state
-from ..engine.state import ParameterSlot, PropertyValue
+from ..engine.state import ParameterSlot, PropertyValue, numpy_to_torch, torch_to_numpy
 from ..errors import NominalStateError
 
 _NOMINAL_MESSAGE = "Cannot get parameter from a nominal state. Please load the parameter states first"
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.detach().cpu().numpy().copy()
+    return torch_to_numpy(tensor)  # bfloat16 / float8 included
 
 
 def _assign(slot: ParameterSlot, value: np.ndarray) -> None:
@@ -40,7 +40,7 @@ def _assign(slot: ParameterSlot, value: np.ndarray) -> None:
             f"Parameter data type mismatch. Expected: {slot.numpy_dtype}, Got: {array.dtype}"
         )
     with torch.no_grad():
-        slot.tensor.copy_(torch.from_numpy(np.ascontiguousarray(array)))
+        slot.tensor.copy_(numpy_to_torch(array))
 
 
 class Parameter:
@@ -149,10 +149,16 @@ class CheckpointState:
         self._properties = Properties(state)
 
     @classmethod
-    def load_checkpoint(cls, checkpoint_uri: Union[str, os.PathLike, bytes, bytearray, memoryview]) -> "CheckpointState":
-        """Load from a checkpoint file, or from its bytes (ORT's LoadCheckpointFromBuffer)."""
-        in_memory = isinstance(checkpoint_uri, (bytes, bytearray, memoryview))
-        return cls(load_state(checkpoint_uri if in_memory else os.fspath(checkpoint_uri)))
+    def load_checkpoint(
+        cls, checkpoint_uri: Union[str, os.PathLike, bytes, bytearray, memoryview], *, allow_external_symlinks: bool = False
+    ) -> "CheckpointState":
+        """Load from a checkpoint file, or from its bytes (ORT's LoadCheckpointFromBuffer).
+
+        ``allow_external_symlinks=True`` accepts a ``.data`` companion that is a symlink to a
+        file outside the checkpoint's folder (refused by default)."""
+        if isinstance(checkpoint_uri, (bytes, bytearray, memoryview)):
+            return cls(load_state(checkpoint_uri))
+        return cls(load_state(os.fspath(checkpoint_uri), allow_external_symlinks=allow_external_symlinks))
 
     @classmethod
     def save_checkpoint(

@@ -17,11 +17,14 @@ could hold, which defeats "many references to one big blob" amplification.
 """
 from __future__ import annotations
 
+import errno
 import math
 import os
+import stat
 import struct
 from typing import Dict, List, Optional, Tuple, Union
 
+from ..atomic_files import JournalError, stable_pair
 from .dtypes import TensorDataType, dtype_name, element_size
 from .errors import CheckpointFormatError
 from .records import (
@@ -61,10 +64,52 @@ class _Table:
         self.what = what
 
 
+class _Blob:
+    """External data held in memory (``decode_checkpoint(..., external_data=bytes)``)."""
+
+    def __init__(self, data: memoryview) -> None:
+        self.view = data
+        self.size = len(data)
+
+    def read(self, offset: int, nbytes: int) -> bytes:
+        return bytes(self.view[offset : offset + nbytes])
+
+
+def _pread(fd: int, nbytes: int, offset: int) -> bytes:
+    if hasattr(os, "pread"):
+        return os.pread(fd, nbytes, offset)
+    os.lseek(fd, offset, os.SEEK_SET)  # pragma: no cover - Windows has no pread
+    return os.read(fd, nbytes)
+
+
+class _FileBlob:
+    """An open ``.data`` companion: only the ranges the main file declares are ever read,
+    so a huge or sparse file costs what the checkpoint needs, not its size."""
+
+    def __init__(self, fd: int, size: int, source: str) -> None:
+        self.fd = fd
+        self.size = size
+        self.source = source
+
+    def read(self, offset: int, nbytes: int) -> bytes:
+        chunks = []
+        while nbytes > 0:
+            chunk = _pread(self.fd, min(nbytes, 1 << 30), offset)
+            if not chunk:
+                raise CheckpointFormatError(self.source, f"truncated while reading (at offset {offset})")
+            chunks.append(chunk)
+            offset += len(chunk)
+            nbytes -= len(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 class _Reader:
     """Bounds-checked primitive reads over one buffer; every failure is a format error."""
 
-    def __init__(self, data: memoryview, source: str, ext: Optional[memoryview], ext_source: str) -> None:
+    def __init__(self, data: memoryview, source: str, ext: Optional[Union[_Blob, _FileBlob]], ext_source: str) -> None:
         self.buf = data
         self.n = len(data)
         self.source = source
@@ -74,7 +119,7 @@ class _Reader:
         # A well-formed file cannot hold more distinct tables than 4-byte slots, nor more
         # payload than its own size plus the external blob.
         self.tables_left = self.n // 4 + 1
-        self.bytes_left = self.n + (len(ext) if ext is not None else 0)
+        self.bytes_left = self.n + (ext.size if ext is not None else 0)
 
     # -- errors -------------------------------------------------------------------------
     def fail(self, reason: str) -> CheckpointFormatError:
@@ -242,7 +287,7 @@ def _external_payload(r: _Reader, name: str, data_type: int, dims, offset: int) 
     if any(d < 0 for d in dims):
         raise r.fail(f"tensor {name!r}: negative dimension in {list(dims)}")
     nbytes = math.prod(dims) * size
-    have = len(r.ext)
+    have = r.ext.size
     if offset + nbytes > have:
         raise CheckpointFormatError(
             r.ext_source,
@@ -250,7 +295,7 @@ def _external_payload(r: _Reader, name: str, data_type: int, dims, offset: int) 
             f"but the file has {have}",
         )
     r.spend(nbytes, f"tensor {name!r} external data")
-    return bytes(r.ext[offset : offset + nbytes])
+    return r.ext.read(offset, nbytes)
 
 
 def _tensor_list(r: _Reader, t: _Table, slot: int, name: str) -> List[TensorRecord]:
@@ -351,10 +396,13 @@ def decode_checkpoint(
     ``has_external_data=True``, so re-encoding reproduces the same layout.  Raises
     :class:`CheckpointFormatError` for anything that is not a valid version-2 checkpoint.
     """
-    mv = _as_view(data)
-    ext = _as_view(external_data) if external_data is not None else None
     if external_source is None:
         external_source = f"{source}.data" if source != "<buffer>" else "<external buffer>"
+    blob = _Blob(_as_view(external_data)) if external_data is not None else None
+    return _decode(_as_view(data), source, blob, external_source)
+
+
+def _decode(mv: memoryview, source: str, ext: Optional[Union[_Blob, _FileBlob]], external_source: str) -> CheckpointRecord:
     r = _Reader(mv, source, ext, external_source)
     root = _root(r)
     record = CheckpointRecord(version=SUPPORTED_VERSION)
@@ -370,27 +418,88 @@ def decode_checkpoint(
     return record
 
 
-def read_checkpoint(path: Union[str, os.PathLike]) -> CheckpointRecord:
+def read_checkpoint(path: Union[str, os.PathLike], *, allow_external_symlinks: bool = False) -> CheckpointRecord:
     """Read and decode the checkpoint at ``path`` (plus ``<path>.data`` when it has external data).
 
-    A missing ``path`` raises FileNotFoundError and a directory IsADirectoryError (both from
-    ``open``, naming the path).  A missing or short ``.data`` companion raises
-    :class:`CheckpointFormatError` naming the ``.data`` file: the checkpoint is incomplete.
+    Both files are opened while no save of ``path`` is between its renames, and a save that
+    was interrupted is completed or rolled back first (`ort_torch_compat.atomic_files`), so
+    the two always come from one save.  A missing ``path`` raises FileNotFoundError and a
+    directory IsADirectoryError, naming the path.  The ``.data`` companion must be a regular
+    file (a FIFO would block, a device never end) inside the checkpoint's folder: a symlink
+    out of it is refused unless ``allow_external_symlinks``; only the byte ranges the main
+    file declares are read.  A missing, short or refused ``.data`` raises
+    :class:`CheckpointFormatError` naming it: the checkpoint is incomplete.
     """
     path = os.fspath(path)
     source = os.fsdecode(path)
-    with open(path, "rb") as f:
-        data = f.read()
-    ext = None
     data_path = source + ".data"
-    if has_external_data(data, source=source):
-        try:
-            with open(data_path, "rb") as f:
-                ext = f.read()
-        except FileNotFoundError:
-            raise CheckpointFormatError(
-                source, f"has external data but its data file {data_path} does not exist"
-            ) from None
-        except OSError as exc:
-            raise CheckpointFormatError(source, f"cannot read its data file {data_path}: {exc}") from exc
-    return decode_checkpoint(data, source=source, external_data=ext, external_source=data_path)
+    blob = None
+    try:
+        with stable_pair(source):
+            data = _read_regular_file(source)
+            if has_external_data(data, source=source):
+                blob = _open_companion(source, data_path, allow_external_symlinks)
+        return _decode(_as_view(data), source, blob, data_path)
+    except JournalError as error:
+        raise CheckpointFormatError(source, str(error)) from None
+    finally:
+        if blob is not None:
+            blob.close()
+
+
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+
+
+def _kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def _read_regular_file(source: str) -> bytes:
+    """The whole main file; O_NONBLOCK so that opening a FIFO cannot hang before we refuse it."""
+    fd = os.open(source, _OPEN_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", source)
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointFormatError(source, f"not a regular file ({_kind(st.st_mode)})")
+        chunks, left = [], st.st_size
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 30))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _open_companion(source: str, data_path: str, allow_external_symlinks: bool) -> _FileBlob:
+    try:
+        is_link = os.path.islink(data_path)
+        if is_link and not allow_external_symlinks:
+            folder = os.path.realpath(os.path.dirname(source) or ".")
+            target = os.path.realpath(data_path)
+            if os.path.commonpath([folder, target]) != folder:
+                raise CheckpointFormatError(
+                    source,
+                    f"its data file {data_path} is a symlink to {target}, outside the checkpoint's folder "
+                    "(pass allow_external_symlinks=True to read it)",
+                )
+            fd = os.open(target, _OPEN_FLAGS | getattr(os, "O_NOFOLLOW", 0))
+        else:
+            fd = os.open(data_path, _OPEN_FLAGS | (0 if is_link else getattr(os, "O_NOFOLLOW", 0)))
+    except FileNotFoundError:
+        raise CheckpointFormatError(source, f"has external data but its data file {data_path} does not exist") from None
+    except OSError as exc:
+        raise CheckpointFormatError(source, f"cannot read its data file {data_path}: {exc.strerror or exc}") from exc
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise CheckpointFormatError(source, f"cannot read its data file {data_path}: {_kind(st.st_mode)}, not a regular file")
+    return _FileBlob(fd, st.st_size, data_path)

@@ -38,6 +38,8 @@ __all__ = [
     "tensor_record_to_numpy",
     "tensor_record_from_torch",
     "tensor_record_to_torch",
+    "torch_to_numpy",
+    "numpy_to_torch",
 ]
 
 
@@ -224,9 +226,25 @@ def tensor_nbytes(data_type: int, dims: Sequence[int]) -> int:
     return math.prod(int(d) for d in dims) * element_size(data_type)
 
 
+#: numpy's limit (torch allows more, but every tensor here must also convert to numpy).
+MAX_RANK = 64
+
+
+def _check_dims(record: TensorRecord, itemsize: int) -> None:
+    """Dims numpy and torch can represent: rank <= 64, no negative size, and strides that
+    fit in int64 even when a zero dim makes the tensor empty ((0, 2**62) has 0 elements
+    but a stride of 2**62 elements: numpy refuses it, torch overflows later)."""
+    dims = [int(d) for d in record.dims]
+    if len(dims) > MAX_RANK:
+        raise ValueError(f"tensor {record.name!r}: rank {len(dims)} exceeds {MAX_RANK}")
+    if any(d < 0 for d in dims):
+        raise ValueError(f"tensor {record.name!r}: negative dimension in {tuple(dims)}")
+    if math.prod(max(d, 1) for d in dims) * itemsize > 2**63 - 1:
+        raise ValueError(f"tensor {record.name!r}: dims {dims} overflow a 64-bit size")
+
+
 def _check_payload(record: TensorRecord) -> int:
-    if any(int(d) < 0 for d in record.dims):
-        raise ValueError(f"tensor {record.name!r}: negative dimension in {tuple(record.dims)}")
+    _check_dims(record, element_size(record.data_type))
     need = tensor_nbytes(record.data_type, record.dims)
     if len(record.raw_data) != need:
         raise ValueError(
@@ -268,6 +286,7 @@ def tensor_record_to_numpy(record: TensorRecord) -> np.ndarray:
     """Writable numpy array of ``record``; ValueError if raw_data does not match dims/dtype."""
     dims = tuple(int(d) for d in record.dims)
     if record.data_type == TensorDataType.STRING:
+        _check_dims(record, 1)
         strings = list(record.string_data or [])
         if math.prod(dims) != len(strings):
             raise ValueError(
@@ -280,6 +299,36 @@ def tensor_record_to_numpy(record: TensorRecord) -> np.ndarray:
     dt = numpy_dtype(record.data_type)
     _check_payload(record)
     return np.frombuffer(bytearray(record.raw_data), dtype=dt).reshape(dims)
+
+
+def torch_to_numpy(tensor: Any) -> np.ndarray:
+    """A numpy copy of a torch tensor of any dtype in the table, bfloat16 and float8
+    included (numpy has no such types; ml_dtypes provides them, and torch's ``.numpy()``
+    refuses them), through a byte view so no value is converted."""
+    import torch
+
+    t = tensor.detach().to("cpu").contiguous()
+    try:
+        return t.numpy().copy()
+    except TypeError:
+        dt = numpy_dtype(code_from_torch(t.dtype))
+    raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
+    return raw.view(dt).reshape(tuple(t.shape)).copy()
+
+
+def numpy_to_torch(array: np.ndarray) -> Any:
+    """A torch tensor sharing nothing with ``array``, for every dtype in the table (the
+    inverse of `torch_to_numpy`; ``torch.from_numpy`` refuses ml_dtypes' types)."""
+    import torch
+
+    arr = np.ascontiguousarray(array)
+    code = code_from_numpy(arr.dtype)
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    dt = torch_dtype(code)
+    if arr.size == 0:
+        return torch.empty(arr.shape, dtype=dt)
+    return torch.from_numpy(arr.reshape(-1).view(np.uint8).copy()).view(dt).reshape(arr.shape)
 
 
 def tensor_record_from_torch(name: str, tensor: Any, doc_string: str = "") -> TensorRecord:

@@ -308,7 +308,8 @@ def write_checkpoint(
     """Encode ``record`` and write it to ``path`` (and ``<path>.data``) atomically.
 
     With external data both files are written completely first and then renamed into place
-    together (see :func:`ort_torch_compat.atomic_files.atomic_write_pair`).  A stale ``<path>.data`` is left alone
+    under a journal that the next load or save completes or rolls back after a crash (see
+    :func:`ort_torch_compat.atomic_files.atomic_write_pair`).  A stale ``<path>.data`` is left alone
     when the new checkpoint is inline (ORT does the same; the reader ignores it because the
     flag is off).  Errors are the OSError of the failing call, naming ``path``; the previous
     file at ``path`` is untouched on failure.  ``external_min_bytes`` is as in
@@ -323,4 +324,4 @@ def write_checkpoint(
     if ext is None:
         atomic_write(target, main)
     else:
-        atomic_write_pair(target, main, target + ".data", ext)
+        atomic_write_pair(target, main, ext)

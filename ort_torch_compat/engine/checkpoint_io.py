@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import List, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import torch
 
@@ -26,21 +26,48 @@ from .state import OptimizerState, ParameterSlot, TrainingState
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-def load_state(source: Union[PathLike, bytes, bytearray, memoryview]) -> TrainingState:
-    """Load a checkpoint file (or its bytes, like ORT's LoadCheckpointFromBuffer)."""
+def load_state(
+    source: Union[PathLike, bytes, bytearray, memoryview], *, allow_external_symlinks: bool = False
+) -> TrainingState:
+    """Load a checkpoint file (or its bytes, like ORT's LoadCheckpointFromBuffer).
+
+    ``allow_external_symlinks`` lets the ``.data`` companion be a symlink to a file outside
+    the checkpoint's folder (refused by default: its bytes would become parameters).
+    """
     if isinstance(source, (bytes, bytearray, memoryview)):
         name = "<buffer>"
         record = decode_checkpoint(source, source=name)
     else:
         name = os.fsdecode(os.fspath(source))
-        record = read_checkpoint(name)
+        record = read_checkpoint(name, allow_external_symlinks=allow_external_symlinks)
     try:
         return state_from_record(record)
     except ValueError as error:  # well-formed file, impossible tensor (dtype/size): still a bad checkpoint
         raise CheckpointFormatError(name, str(error)) from error
 
 
+def _tensor(record: TensorRecord, what: str) -> torch.Tensor:
+    try:
+        return tensor_record_to_torch(record)
+    except ValueError as error:
+        raise ValueError(f"{what}: {error}") from None
+
+
+def _check_dtype(record: TensorRecord, what: str) -> None:
+    """A nominal tensor has no data yet, but its dtype must be one we can create later."""
+    try:
+        torch_dtype(record.data_type)
+    except ValueError as error:
+        raise ValueError(f"{what}: {error}") from None
+
+
 def state_from_record(record: CheckpointRecord) -> TrainingState:
+    """The live state of a decoded checkpoint.
+
+    A parameter name stored twice keeps its first entry (trainable before frozen), as ORT
+    1.19.2 does (measured, tests/fixtures/reliability/ort_semantics.json).  A moment whose
+    shape or dtype differs from its parameter's is refused here, naming both.
+    """
     state = TrainingState()
     module = record.module_state
     if module is not None:
@@ -48,7 +75,14 @@ def state_from_record(record: CheckpointRecord) -> TrainingState:
         state.has_external_data = module.has_external_data
         for requires_grad, tensors in ((True, module.trainable), (False, module.frozen)):
             for tensor in tensors:
-                value = None if module.is_nominal else tensor_record_to_torch(tensor)
+                if tensor.name in state.parameters:
+                    continue
+                what = f"parameter {tensor.name!r}"
+                if module.is_nominal:
+                    _check_dtype(tensor, what)
+                    value = None
+                else:
+                    value = _tensor(tensor, what)
                 state.parameters[tensor.name] = ParameterSlot(tensor.name, tensor.data_type, requires_grad, value)
     state.properties = dict(record.properties or {})
     for group in record.optimizer_groups or []:
@@ -59,10 +93,34 @@ def state_from_record(record: CheckpointRecord) -> TrainingState:
             step=group.step,
             initial_learning_rate=group.initial_learning_rate,
             moments={
-                entry.param_name: {m.name: tensor_record_to_torch(m) for m in entry.momentums} for entry in group.states
+                entry.param_name: {m.name: _tensor(m, f"optimizer state {m.name!r} of parameter {entry.param_name!r}")
+                                   for m in entry.momentums}
+                for entry in group.states
             },
         )
+    problem = moment_mismatch(state)
+    if problem:
+        raise ValueError(problem)
     return state
+
+
+def moment_mismatch(state: TrainingState) -> Optional[str]:
+    """Why a stored optimizer moment cannot serve its parameter (other shape or dtype), or None.
+
+    Checked at load and again when an Optimizer is created (a nominal parameter has its
+    shape only once a Module has read it from the training graph).
+    """
+    if state.optimizer is None:
+        return None
+    for name, moments in state.optimizer.moments.items():
+        slot = state.parameters.get(name)
+        if slot is None or slot.tensor is None:
+            continue
+        for key, moment in moments.items():
+            if moment.shape != slot.tensor.shape or moment.dtype != slot.tensor.dtype:
+                return (f"optimizer state {key!r} of parameter {name!r} is {moment.dtype} {list(moment.shape)} "
+                        f"but the parameter is {slot.tensor.dtype} {list(slot.tensor.shape)}")
+    return None
 
 
 def _tensor_record(name: str, slot_tensor: torch.Tensor) -> TensorRecord:
@@ -115,11 +173,18 @@ def _needs_external_data(state: TrainingState) -> bool:
 
 
 def save_state(state: TrainingState, path: PathLike, include_optimizer_state: bool = False) -> None:
-    """Atomically write the state (external data: see `_needs_external_data`)."""
-    record = record_from_state(state, include_optimizer_state)
+    """Atomically write the state (external data: see `_needs_external_data`).
+
+    The record is built under the state's lock, so a save from another thread while a
+    Module trains captures one consistent step (see `TrainingState`); the disk is written
+    after the lock is released, so training waits only for that copy.
+    """
+    with state.lock:
+        record = record_from_state(state, include_optimizer_state)
+        external = _needs_external_data(state)
     target = os.fspath(path)
     try:
-        write_checkpoint(record, target, external_min_bytes=state_writer_external_min_bytes(_needs_external_data(state)))
+        write_checkpoint(record, target, external_min_bytes=state_writer_external_min_bytes(external))
     except OSError as error:
         if error.filename is not None:
             raise  # the codec's message already names the file

@@ -6,8 +6,9 @@ comparisons; like ORT there is no implicit cast, and errors say which input is w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import onnx
 import torch
 
@@ -74,3 +75,62 @@ def check_inputs(specs: Sequence[ValueSpec], tensors: Sequence[torch.Tensor], st
 
 def names(specs: Sequence[ValueSpec]) -> List[str]:
     return [spec.name for spec in specs]
+
+
+# ---- numpy arrays and batch dimensions (issue 17) ---------------------------------------------
+def tensor_from_array(array: np.ndarray, what: str) -> torch.Tensor:
+    """A tensor of a numpy input, sharing its memory where possible.
+
+    Big-endian arrays are converted to native order (ORT 1.19.2 reads their bytes as if
+    native: wrong floats, or a segfault for labels; the values here are the caller's).
+    Object, str and bytes arrays hold strings, which no numeric input takes: refused naming
+    the input, as ORT does ("Unexpected input data type. Actual: (tensor(string))").
+    """
+    if array.dtype.kind in ("O", "U", "S"):
+        raise InvalidInputError(
+            f"{what}: unexpected input data type. Actual: tensor(string) (a numpy {array.dtype} array), "
+            "expected a numeric tensor"
+        )
+    if array.dtype.byteorder == (">" if np.little_endian else "<"):
+        array = array.astype(array.dtype.newbyteorder("="))
+    if not (array.flags.c_contiguous and array.flags.writeable):
+        array = np.array(array)
+    return torch.from_numpy(array)
+
+
+class BatchCheck:
+    """Symbolic dims that several inputs share (``batch``) must agree, and none may be 0.
+
+    Built once per graph from its declared input shapes, so a step pays a few integer
+    comparisons.  ORT reports a mismatch from inside a kernel and crashes (SIGFPE) on a
+    0-row batch (measured, tests/fixtures/reliability/); here both name the inputs.
+    """
+
+    def __init__(self, model: onnx.ModelProto, input_names: Sequence[str]):
+        declared = {info.name: info for info in model.graph.input}
+        self.names = list(input_names)
+        self.dims: List[Tuple[int, int, str]] = []  # (input index, axis, dim name)
+        for index, name in enumerate(self.names):
+            info = declared.get(name)
+            if info is None or not info.type.tensor_type.HasField("shape"):
+                continue
+            for axis, dim in enumerate(info.type.tensor_type.shape.dim):
+                if dim.dim_param and not dim.HasField("dim_value"):
+                    self.dims.append((index, axis, dim.dim_param))
+
+    def __call__(self, tensors: Sequence[torch.Tensor], step: str) -> None:
+        seen: Dict[str, Tuple[int, int]] = {}
+        for index, axis, name in self.dims:
+            size = tensors[index].shape[axis]
+            if size == 0:
+                raise InvalidInputError(
+                    f"{step}: input '{self.names[index]}' has size 0 in dimension '{name}' (an empty batch); "
+                    "ONNX Runtime crashes on it"
+                )
+            if name in seen and seen[name][1] != size:
+                first = self.names[seen[name][0]]
+                raise InvalidInputError(
+                    f"{step}: dimension '{name}' is {seen[name][1]} for input '{first}' but {size} for input "
+                    f"'{self.names[index]}'"
+                )
+            seen.setdefault(name, (index, size))

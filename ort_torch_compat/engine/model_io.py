@@ -1,12 +1,15 @@
 """Loading ONNX artifacts from paths or bytes, with errors that name the file."""
 from __future__ import annotations
 
+import math
 import os
-from typing import Union
+from typing import Optional, Union
 
 import onnx
 from google.protobuf.message import DecodeError
+from onnx import external_data_helper
 
+from ..codec.dtypes import element_size
 from ..errors import ModelLoadError
 
 ModelSource = Union[str, "os.PathLike[str]", bytes, bytearray, onnx.ModelProto]
@@ -20,30 +23,110 @@ def describe(source: ModelSource, role: str) -> str:
 
 
 def load_model(source: ModelSource, role: str) -> onnx.ModelProto:
-    """Read an ONNX model; FileNotFoundError/IsADirectoryError/ModelLoadError name the file."""
+    """Read an ONNX model; FileNotFoundError/IsADirectoryError/ModelLoadError name the file.
+
+    ONNX external data is read relative to the model file's folder (never the working
+    directory), through onnx's checked reader; a model given as bytes cannot say where its
+    external data is and is refused if it has any.  A model newer than the installed onnx
+    (IR version, default-domain opset) or with an initializer whose dims disagree with its
+    data is refused here, as ORT refuses it at load.
+    """
     if isinstance(source, onnx.ModelProto):
-        return source
-    if isinstance(source, (bytes, bytearray)):
-        data = bytes(source)
+        model, folder = source, None
     else:
-        path = os.fspath(source)
-        if os.path.isdir(path):
-            raise IsADirectoryError(f"{role} '{path}' is a directory, not an ONNX file")
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{role} '{path}' does not exist")
-        with open(path, "rb") as handle:
-            data = handle.read()
+        if isinstance(source, (bytes, bytearray)):
+            data, folder = bytes(source), None
+        else:
+            path = os.fspath(source)
+            if os.path.isdir(path):
+                raise IsADirectoryError(f"{role} '{path}' is a directory, not an ONNX file")
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"{role} '{path}' does not exist")
+            with open(path, "rb") as handle:
+                data = handle.read()
+            folder = os.path.dirname(os.path.abspath(path))
+        name = describe(source, role)
+        if not data:
+            raise ModelLoadError(f"{role} {name} is empty")
+        model = onnx.ModelProto()
+        try:
+            model.ParseFromString(data)
+        except (DecodeError, ValueError, RuntimeError) as error:
+            raise ModelLoadError(f"{role} {name} is not an ONNX model: {error}") from error
     name = describe(source, role)
-    if not data:
-        raise ModelLoadError(f"{role} {name} is empty")
-    model = onnx.ModelProto()
-    try:
-        model.ParseFromString(data)
-    except (DecodeError, ValueError, RuntimeError) as error:
-        raise ModelLoadError(f"{role} {name} is not an ONNX model: {error}") from error
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise ModelLoadError(f"{role} {name} is not an ONNX model (no graph)")
+    _check_versions(model, role, name)
+    _load_external_data(model, folder, role, name)
+    _check_initializers(model, role, name)
     return model
+
+
+def _check_versions(model: onnx.ModelProto, role: str, name: str) -> None:
+    if model.ir_version > onnx.IR_VERSION:
+        raise ModelLoadError(f"{role} {name} has IR version {model.ir_version}; the newest the installed onnx "
+                             f"{onnx.__version__} knows is {onnx.IR_VERSION}")
+    newest = onnx.defs.onnx_opset_version()
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx") and entry.version > newest:
+            raise ModelLoadError(f"{role} {name} imports opset {entry.version} of the default ONNX domain; the newest "
+                                 f"the installed onnx {onnx.__version__} knows is {newest}")
+
+
+def _load_external_data(model: onnx.ModelProto, folder: Optional[str], role: str, name: str) -> None:
+    external = [t for t in external_data_helper._get_all_tensors(model) if external_data_helper.uses_external_data(t)]
+    if not external:
+        return
+    if folder is None:
+        locations = sorted({external_data_helper.ExternalDataInfo(t).location for t in external})
+        raise ModelLoadError(
+            f"{role} {name} keeps tensor(s) {[t.name for t in external][:5]} in external data file(s) {locations}, "
+            "which a model given as bytes cannot locate; pass the model's path instead"
+        )
+    for tensor in external:
+        try:
+            external_data_helper.load_external_data_for_tensor(tensor, folder)
+        except (OSError, ValueError, RuntimeError, onnx.checker.ValidationError) as error:
+            raise ModelLoadError(f"{role} {name}: cannot read the external data of tensor '{tensor.name}' "
+                                 f"(relative to {folder}): {error}") from error
+
+
+# Where TensorProto stores each type when not as raw_data, and how many values one element takes.
+_TYPED_FIELDS = {
+    "float_data": ({onnx.TensorProto.FLOAT: 1, onnx.TensorProto.COMPLEX64: 2}),
+    "double_data": ({onnx.TensorProto.DOUBLE: 1, onnx.TensorProto.COMPLEX128: 2}),
+    "int64_data": ({onnx.TensorProto.INT64: 1}),
+    "uint64_data": ({onnx.TensorProto.UINT32: 1, onnx.TensorProto.UINT64: 1}),
+    "string_data": ({onnx.TensorProto.STRING: 1}),
+    "int32_data": ({code: 1 for code in (onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
+                                          onnx.TensorProto.UINT16, onnx.TensorProto.UINT8, onnx.TensorProto.BOOL,
+                                          onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)}),
+}
+
+
+def _check_initializers(model: onnx.ModelProto, role: str, name: str) -> None:
+    """Each initializer holds as many elements as its dims say (checked by size, not by
+    converting it, so a large model costs nothing here)."""
+    for init in model.graph.initializer:
+        dims = list(init.dims)
+        if any(d < 0 for d in dims):
+            raise ModelLoadError(f"{role} {name}: initializer '{init.name}' has a negative dimension in {dims}")
+        want = math.prod(dims)
+        if init.raw_data:
+            try:
+                have = len(init.raw_data) / element_size(init.data_type)
+            except ValueError:
+                continue  # packed 4-bit types and others without a byte size
+        else:
+            have = None
+            for field, per_element in _TYPED_FIELDS.items():
+                if init.data_type in per_element:
+                    have = len(getattr(init, field)) / per_element[init.data_type]
+            if have is None:
+                continue
+        if have != want:
+            raise ModelLoadError(f"{role} {name}: initializer '{init.name}' declares dims {dims} ({want} elements) "
+                                 f"but holds {have:g}")
 
 
 def opset_map(model: onnx.ModelProto) -> dict:

@@ -15,6 +15,7 @@ import torch
 
 from ..errors import ModelMismatchError, NominalStateError
 from ..optim import OptimizerSpec, adamw_step, linear_lr_factor, parse_optimizer_model, sgd_step
+from .checkpoint_io import moment_mismatch
 from .model_io import ModelSource, describe, load_model
 from .state import OptimizerState
 from .training_engine import TrainingEngine
@@ -44,6 +45,9 @@ class OptimizerEngine:
         if state.optimizer is None:
             state.optimizer = OptimizerState()
         self.group = state.optimizer
+        problem = moment_mismatch(state)
+        if problem:
+            raise ModelMismatchError(f"checkpoint state cannot be used with {name}: {problem}")
         self._groups: Optional[List[Tuple[List[torch.Tensor], List[List[torch.Tensor]]]]] = None
 
     # ---- moments ----------------------------------------------------------------------
@@ -77,25 +81,29 @@ class OptimizerEngine:
 
     # ---- step -------------------------------------------------------------------------
     def step(self) -> None:
-        """One update of every trainable parameter (ORT updates all, with or without grads)."""
+        """One update of every trainable parameter (ORT updates all, with or without grads).
+
+        Holds the state's lock, so a concurrent save sees the parameters, moments and step
+        count of one step (see `TrainingState`)."""
         if self.engine.state.is_nominal:
             raise NominalStateError("Cannot perform an optimizer step with a nominal state. Load the parameters first.")
-        if self._groups is None:
-            self._groups = self._materialize()
-        lr = self.group.learning_rate
-        fed_step = self.group.step + 1
-        a = self.spec.attributes
-        for params, moments in self._groups:
-            grads = [param.grad for param in params]
-            if self.spec.kind == "SGD":
-                sgd_step(params, grads, lr=lr)
-            else:
-                adamw_step(
-                    params, grads, moments[0], moments[1], lr=lr, step=fed_step, alpha=a["alpha"], beta=a["beta"],
-                    epsilon=a["epsilon"], weight_decay=a["weight_decay"], adam_mode=int(a["adam_mode"]),
-                    correct_bias=bool(a["correct_bias"]),
-                )
-        self.group.step = fed_step
+        with self.engine.state.lock:
+            if self._groups is None:
+                self._groups = self._materialize()
+            lr = self.group.learning_rate
+            fed_step = self.group.step + 1
+            a = self.spec.attributes
+            for params, moments in self._groups:
+                grads = [param.grad for param in params]
+                if self.spec.kind == "SGD":
+                    sgd_step(params, grads, lr=lr)
+                else:
+                    adamw_step(
+                        params, grads, moments[0], moments[1], lr=lr, step=fed_step, alpha=a["alpha"], beta=a["beta"],
+                        epsilon=a["epsilon"], weight_decay=a["weight_decay"], adam_mode=int(a["adam_mode"]),
+                        correct_bias=bool(a["correct_bias"]),
+                    )
+            self.group.step = fed_step
 
     # ---- learning rate ------------------------------------------------------------------
     def set_learning_rate(self, lr: float) -> None:

@@ -3,9 +3,16 @@
 This is what ORT calls the CheckpointState.  Tensors are torch tensors; once a training
 engine owns the state, each parameter tensor is a view into the engine's flat storage, so
 reading the state always shows the current (trained) values and nothing is copied per step.
+
+Threading contract: the engine holds ``TrainingState.lock`` for each call that changes the
+state (train step, optimizer step, buffer copy into the parameters), and a checkpoint save
+holds it while it copies the state into a record.  So a save from another thread captures
+the state between two such calls: one consistent step, with the step count that matches the
+parameters.  Training the same state from two threads at once is not supported (as in ORT).
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Union
 
@@ -13,6 +20,7 @@ import numpy as np
 import torch
 
 from ..codec.dtypes import numpy_dtype as onnx_numpy_dtype
+from ..codec.dtypes import numpy_to_torch, torch_to_numpy  # noqa: F401  (re-exported for api/: every dtype, bf16/fp8 included)
 
 PropertyValue = Union[int, float, str]
 
@@ -61,6 +69,8 @@ class TrainingState:
     properties: Dict[str, PropertyValue] = field(default_factory=dict)
     is_nominal: bool = False
     has_external_data: bool = False
+    # Held by every state-changing engine call and by the snapshot a save takes (see above).
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     def parameter(self, name: str) -> ParameterSlot:
         slot = self.parameters.get(name)

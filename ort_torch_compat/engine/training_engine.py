@@ -16,7 +16,7 @@ import torch
 from ..errors import InvalidInputError, ModelLoadError, NominalStateError
 from .graph_module import build_module
 from .host_allocator import tune_host_allocator
-from .io_spec import check_inputs, names
+from .io_spec import BatchCheck, check_inputs, names
 from .model_io import ModelSource, describe, load_model
 from .parameters import ParameterStore
 from .state import TrainingState
@@ -54,6 +54,7 @@ class TrainingEngine:
         tune_host_allocator()
         self.train_label = train_label
         self.train_io = train_io
+        self._train_batch = BatchCheck(train_proto, names(self.train_io.user_inputs))
         shapes = check_parameter_types(self.train_io, state, self.train_label)
         self.train_module = build_module(train_proto, self.train_io, self.train_label).to(self.device).train()
 
@@ -64,6 +65,7 @@ class TrainingEngine:
             eval_label = f"eval model {describe(eval_model, 'eval model')}"
             eval_proto = load_model(eval_model, "eval model")
             self.eval_io = eval_io(eval_proto, state)
+            self._eval_batch = BatchCheck(eval_proto, names(self.eval_io.user_inputs))
             check_eval_matches(self.eval_io, self.train_io, eval_label)
             check_parameter_types(self.eval_io, state, eval_label)
             self.eval_module = build_module(eval_proto, self.eval_io, eval_label).to(self.device).eval()
@@ -95,16 +97,18 @@ class TrainingEngine:
                 "(copy_buffer_to_parameters(buffer, trainable_only=False))."
             )
         check_inputs(self.train_io.user_inputs, inputs, "train step")
+        self._train_batch(inputs, "train step")
         feeds = self._to_device(inputs, self.train_io)
-        if not self._accumulate:
-            self.store.release_grads()
-        with torch.enable_grad():
-            outputs = self.train_module(*feeds, *self._train_params)
-            loss = outputs[0]
-            if loss.requires_grad:
-                loss.backward(torch.ones_like(loss) if loss.dim() else None)
-        if not self._accumulate:
-            self.store.fill_missing_grads()
+        with self.state.lock:  # BatchNorm running stats change in the forward pass (see TrainingState)
+            if not self._accumulate:
+                self.store.release_grads()
+            with torch.enable_grad():
+                outputs = self.train_module(*feeds, *self._train_params)
+                loss = outputs[0]
+                if loss.requires_grad:
+                    loss.backward(torch.ones_like(loss) if loss.dim() else None)
+            if not self._accumulate:
+                self.store.fill_missing_grads()
         self._accumulate = True
         return [out.detach() for out in outputs]
 
@@ -114,6 +118,7 @@ class TrainingEngine:
         if self.state.is_nominal:
             raise NominalStateError("Cannot perform EvalStep with a nominal state. Please load the model parameters first.")
         check_inputs(self.eval_io.user_inputs, inputs, "eval step")
+        self._eval_batch(inputs, "eval step")
         with torch.no_grad():
             return list(self.eval_module(*self._to_device(inputs, self.eval_io), *self._eval_params))
 
@@ -184,6 +189,7 @@ class TrainingEngine:
             raise NominalStateError(
                 "For nominal checkpoint state, all parameters need to be loaded into the model (trainable_only = false)."
             )
-        self.store.from_buffer(buffer, trainable_only)
+        with self.state.lock:
+            self.store.from_buffer(buffer, trainable_only)
         if not trainable_only:
             self.state.is_nominal = False

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import operator
 import re
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import onnx
 from onnx import defs
@@ -47,14 +47,33 @@ def _may_return_tuple(domain: str, op_type: str, opset: int) -> bool:
         return False
 
 
-def missing_operators(graph: onnx.GraphProto, opsets: Dict[str, int]) -> List[tuple]:
+class _Lookups:
+    """Converter and tuple-unwrapping decisions per (domain, op, opset), made once per build:
+    a 100,000-node graph has a handful of distinct ops, and each lookup walks schemas."""
+
+    def __init__(self, opsets: Dict[str, int]):
+        self.opsets = opsets
+        self.cache: Dict[Tuple[str, str], Tuple[object, bool]] = {}
+
+    def __call__(self, node_domain: str, op_type: str) -> Tuple[object, bool]:
+        key = (node_domain, op_type)
+        found = self.cache.get(key)
+        if found is None:
+            domain = "" if node_domain == "ai.onnx" else node_domain
+            opset = self.opsets.get(domain, 1)
+            found = (find_converter(domain, op_type, opset), _may_return_tuple(domain, op_type, opset))
+            self.cache[key] = found
+        return found
+
+
+def missing_operators(graph: onnx.GraphProto, opsets: Dict[str, int], lookups: "_Lookups" = None) -> List[tuple]:
     """(domain, op, opset) of every node no converter handles."""
+    lookups = lookups or _Lookups(opsets)
     missing = []
     for node in graph.node:
-        domain = "" if node.domain == "ai.onnx" else node.domain
-        opset = opsets.get(domain, 1)
-        if find_converter(domain, node.op_type, opset) is None:
-            missing.append((domain, node.op_type, opset))
+        if lookups(node.domain, node.op_type)[0] is None:
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            missing.append((domain, node.op_type, opsets.get(domain, 1)))
     return missing
 
 
@@ -66,13 +85,14 @@ def build_graph_module(
     model_name: str,
 ) -> fx.GraphModule:
     """Return a GraphModule whose forward takes `input_names` positionally and returns a tuple."""
-    missing = missing_operators(graph, opsets)
+    lookups = _Lookups(opsets)
+    missing = missing_operators(graph, opsets, lookups)
     if missing:
         raise UnsupportedOperatorError(model_name, missing)
 
-    fused = onnx.GraphProto()
-    fused.CopyFrom(graph)
-    del fused.node[:]
+    fused = onnx.GraphProto(name=graph.name)  # the graph without copying its nodes twice
+    for field in ("input", "output", "initializer", "value_info", "sparse_initializer"):
+        getattr(fused, field).extend(getattr(graph, field))
     fused.node.extend(fuse_matmul_bias(graph))
     onnx_graph = OnnxGraph(fused)
     fx_graph = fx.Graph()
@@ -95,8 +115,7 @@ def build_graph_module(
         return env[name]
 
     for index, (unique_name, node) in enumerate(onnx_graph.nodes.items()):
-        domain = "" if node.domain == "ai.onnx" else node.domain
-        converter = find_converter(domain, node.operation_type, opsets.get(domain, 1))
+        converter, may_return_tuple = lookups(node.domain, node.operation_type)
         try:
             torch_module, mapping = converter(node, onnx_graph)
         except (NotImplementedError, KeyError, ValueError) as error:
@@ -117,7 +136,7 @@ def build_graph_module(
 
         outputs = list(mapping.outputs)
         if len(outputs) == 1:
-            if _may_return_tuple(domain, node.operation_type, opsets.get(domain, 1)):
+            if may_return_tuple:
                 call = fx_graph.call_function(_first_if_tuple, (call,))
             env[outputs[0]] = call
         else:

@@ -40,6 +40,8 @@ def _is_matrix_transpose(node: onnx.NodeProto, shapes) -> bool:
 def fuse_matmul_bias(graph: onnx.GraphProto) -> List[onnx.NodeProto]:
     """The graph's nodes with MatMul+Add(bias) pairs replaced by one MatMulBias node."""
     nodes = list(graph.node)  # indices, not id(): protobuf may hand out fresh wrappers
+    if not any(node.op_type == "MatMul" for node in nodes):
+        return nodes  # nothing to fuse: skip the per-node bookkeeping (large graphs)
     shapes = _static_shapes(graph)
     consumers = Counter(name for node in nodes for name in node.input)
     outputs = {out.name for out in graph.output}

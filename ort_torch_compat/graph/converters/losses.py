@@ -2,37 +2,71 @@
 
 ONNX puts classes in dim 1 of (N, C, d1, ...) exactly like torch's nll_loss, so the
 mapping is direct; ORT computes log_softmax then the weighted NLL, as we do.
+
+Which labels are ignored follows ORT 1.19.2 (measured: tests/fixtures/reliability/):
+SoftmaxCrossEntropyLoss without an ``ignore_index`` attribute ignores label -1 (its
+kernel's default) and its mean over no counted label is 0; NegativeLogLikelihoodLoss (an
+ONNX function in ORT) ignores nothing unless told.  torch's own default, -100, is never
+used.  A label outside [0, C) that is not ignored reads out of bounds in ORT's kernel; here
+it raises InvalidInputError.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from ...errors import InvalidInputError
 from ..registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
+#: Passed to torch when no label is to be ignored: no int64 label equals it in practice.
+_NO_LABEL = -(2**63)
+
 
 class NllLoss(OnnxModule):
-    def __init__(self, reduction: str, ignore_index, with_softmax: bool, log_prob_out: bool):
+    def __init__(self, op_type: str, reduction: str, ignore_index, with_softmax: bool, log_prob_out: bool):
         super().__init__()
-        self.reduction, self.with_softmax, self.log_prob_out = reduction, with_softmax, log_prob_out
-        self.ignore_index = -100 if ignore_index is None else int(ignore_index)
+        self.op_type, self.reduction, self.with_softmax, self.log_prob_out = op_type, reduction, with_softmax, log_prob_out
+        if ignore_index is None:
+            ignore_index = -1 if with_softmax else _NO_LABEL
+        self.ignore_index = int(ignore_index)
 
     def forward(self, scores: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor = None):
         log_prob = F.log_softmax(scores, dim=1) if self.with_softmax else scores
-        loss = F.nll_loss(log_prob, labels.long(), weights, ignore_index=self.ignore_index, reduction=self.reduction)
+        labels = labels.long()
+        try:
+            if self.with_softmax and self.reduction == "mean":
+                loss = self._mean_or_zero(log_prob, labels, weights)
+            else:
+                loss = F.nll_loss(log_prob, labels, weights, ignore_index=self.ignore_index, reduction=self.reduction)
+        except IndexError as error:  # torch: "Target 5 is out of bounds."
+            raise InvalidInputError(
+                f"{self.op_type}: a label is outside [0, {scores.shape[1]}) and is not the ignored label "
+                f"{self.ignore_index} ({error})"
+            ) from error
         if self.log_prob_out:
             return loss, log_prob
         return loss
 
+    def _mean_or_zero(self, log_prob: torch.Tensor, labels: torch.Tensor, weights) -> torch.Tensor:
+        """Weighted mean over the counted labels, 0 (not torch's NaN) when none counts."""
+        total = F.nll_loss(log_prob, labels, weights, ignore_index=self.ignore_index, reduction="sum")
+        counted = labels != self.ignore_index
+        if weights is None:
+            mass = counted.sum().to(total.dtype)
+        else:
+            mass = (weights[labels.clamp(0, weights.shape[0] - 1)] * counted).sum()
+        return total / torch.where(mass == 0, torch.ones_like(mass), mass)
 
-def _loss(with_softmax: bool):
+
+def _loss(op_type: str, with_softmax: bool):
     def convert(node: OnnxNode, graph: OnnxGraph):
         a = node.attributes
-        module = NllLoss(a.get("reduction", "mean"), a.get("ignore_index"), with_softmax, len(node.output_values) > 1)
+        module = NllLoss(op_type, a.get("reduction", "mean"), a.get("ignore_index"), with_softmax,
+                         len(node.output_values) > 1)
         return result(module, node)
     return convert
 
 
-register("SoftmaxCrossEntropyLoss", 12, 13)(_loss(True))
-register("NegativeLogLikelihoodLoss", 12, 13, 22)(_loss(False))
+register("SoftmaxCrossEntropyLoss", 12, 13)(_loss("SoftmaxCrossEntropyLoss", True))
+register("NegativeLogLikelihoodLoss", 12, 13, 22)(_loss("NegativeLogLikelihoodLoss", False))
