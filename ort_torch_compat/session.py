@@ -24,7 +24,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from .api._values import to_tensor, to_tensors
+from .api._values import outputs_as, to_tensor, to_tensors
 from .api.checkpoint_state import CheckpointState
 from .api.ortvalue import OrtValue
 from .engine import OptimizerEngine, TrainingEngine, load_state, save_state
@@ -133,15 +133,6 @@ def _live(method):
         return method(self, *args, **kwargs)
 
     return wrapper
-
-
-def _outputs(tensors: Sequence[torch.Tensor], kind: str) -> list:
-    """Outputs in the kind the inputs came in: numpy, OrtValue or torch tensors (always a list)."""
-    if kind == "numpy":
-        return [t.detach().cpu().numpy() for t in tensors]
-    if kind == "torch":
-        return list(tensors)
-    return [OrtValue(t) for t in tensors]
 
 
 class TrainingSession:
@@ -276,7 +267,7 @@ class TrainingSession:
         gradients, later steps accumulate into them.  `run_options` is accepted and ignored.
         """
         tensors, kind = self._user_tensors(inputs, training=True)
-        return _outputs(self._engine.train_step(tensors), kind)
+        return outputs_as(self._engine.train_step(tensors), kind)
 
     @_live
     def eval_step(self, inputs: Any, run_options: object = None) -> list:
@@ -288,7 +279,7 @@ class TrainingSession:
                 "the TrainingSession."
             )
         tensors, kind = self._user_tensors(inputs, training=False)
-        return _outputs(self._engine.eval_step(tensors), kind)
+        return outputs_as(self._engine.eval_step(tensors), kind)
 
     @_live
     def lazy_reset_grad(self) -> None:

@@ -2,12 +2,15 @@
 
 Checks are precomputed per input (dtype plus the fixed dims) so a step pays only a few
 comparisons; like ORT there is no implicit cast, and errors say which input is wrong.
+String inputs stay numpy arrays (torch has no string tensors) until `string_inputs`
+converts them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import onnx
 import torch
 
@@ -15,6 +18,13 @@ from ..codec.dtypes import torch_dtype
 from ..errors import InvalidInputError
 
 ONNX_TYPE_NAMES = {v: k.lower() for k, v in onnx.TensorProto.DataType.items()}
+STRING = onnx.TensorProto.STRING
+StepInput = Union[torch.Tensor, np.ndarray]  # numpy only for string inputs
+
+
+def is_string_array(value: object) -> bool:
+    """True for the numpy arrays ORT feeds as a string tensor (str, bytes or object elements)."""
+    return isinstance(value, np.ndarray) and value.dtype.kind in ("U", "S", "O")
 
 
 @dataclass(frozen=True)
@@ -25,7 +35,7 @@ class ValueSpec:
 
     @property
     def dtype(self) -> Optional[torch.dtype]:
-        return torch_dtype(self.elem_type) if self.elem_type else None
+        return torch_dtype(self.elem_type) if self.elem_type and self.elem_type != STRING else None
 
     @property
     def type_name(self) -> str:
@@ -40,16 +50,18 @@ def value_spec(info: onnx.ValueInfoProto) -> ValueSpec:
     return ValueSpec(info.name, tensor_type.elem_type, shape)
 
 
-def check_inputs(specs: Sequence[ValueSpec], tensors: Sequence[torch.Tensor], step: str) -> None:
+def check_inputs(specs: Sequence[ValueSpec], tensors: Sequence[StepInput], step: str) -> None:
     """Raise InvalidInputError naming the first input whose count, dtype or shape is wrong."""
     if len(tensors) != len(specs):
         names = [spec.name for spec in specs]
         raise InvalidInputError(f"{step} expects {len(specs)} input(s) {names}, got {len(tensors)}")
     for spec, tensor in zip(specs, tensors):
         dtype = spec.dtype
-        if dtype is not None and tensor.dtype != dtype:
+        strings = is_string_array(tensor)
+        if (spec.elem_type == STRING) != strings or (dtype is not None and tensor.dtype != dtype):
+            actual = f"numpy {tensor.dtype} array" if strings else tensor.dtype
             raise InvalidInputError(
-                f"{step}: unexpected input data type for '{spec.name}'. Actual: {tensor.dtype}, expected: {spec.type_name}"
+                f"{step}: unexpected input data type for '{spec.name}'. Actual: {actual}, expected: {spec.type_name}"
             )
         shape = spec.shape
         if shape is None:

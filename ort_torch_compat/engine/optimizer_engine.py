@@ -79,7 +79,10 @@ class OptimizerEngine:
     def step(self) -> None:
         """One update of every trainable parameter (ORT updates all, with or without grads)."""
         if self.engine.state.is_nominal:
-            raise NominalStateError("Cannot perform an optimizer step with a nominal state. Load the parameters first.")
+            raise NominalStateError(
+                "The optimizer state cannot be constructed. Please load the model parameters first. "  # ORT's words
+                "Load them with copy_buffer_to_parameters(buffer, trainable_only=False)."
+            )
         if self._groups is None:
             self._groups = self._materialize()
         lr = self.group.learning_rate
