@@ -10,7 +10,8 @@ Writes tests/fixtures/edges/:
 - expected.json: what ORT does in each scenario of tests/edge_cases.py (the messages of
   nominal-state misuse, export and device errors, the class returned for OrtValue inputs,
   a label out of range, training on string inputs, its Cast from string value by value,
-  and AdamW steps with lr * weight_decay >= 1).
+  AdamW steps with lr * weight_decay >= 1, the OrtValue kinds of parameter buffers, and
+  the gradients a failed step leaves).
 
 tests/test_edges.py compares ort_torch_compat against this file, and against ORT live
 when it is importable.  Output is deterministic (fixed seeds); the files are a few KB.
@@ -105,6 +106,8 @@ def main() -> None:
                               for kind, as_array in cases.string_feed_variants().items()},
             "cast": cast_table(),
             "adamw_decay": cases.adamw_decay(ort_api, workdir),
+            "buffers": cases.buffer_kinds(ort_api, onnxruntime.OrtValue),
+            "failed_step": cases.failed_step(ort_api),
         }
     finally:
         os.chdir(cwd)

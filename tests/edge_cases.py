@@ -270,3 +270,33 @@ def adamw_decay(api: Any, tmp: pathlib.Path) -> Dict[str, Any]:
         result["parameters"] = {name: parameter.data.ravel().tolist() for name, parameter in state.parameters}
         out[key] = result
     return out
+
+
+# ---- parameter buffers ----------------------------------------------------------------------------------
+def buffer_kinds(api: Any, ortvalue_class: Any) -> Dict[str, Any]:
+    """What get_contiguous_parameters returns, and whether copy_buffer_to_parameters takes an OrtValue."""
+    state = api.CheckpointState.load_checkpoint(EXAMPLE / "checkpoint")
+    module = api.Module(EXAMPLE / "training_model.onnx", state)
+    buffer = module.get_contiguous_parameters(True)
+    values = np.asarray(buffer.numpy())
+    return {"contiguous_class": type(buffer).__name__,
+            "copy_from_ortvalue": outcome(lambda: module.copy_buffer_to_parameters(
+                ortvalue_class.ortvalue_from_numpy(values), True))}
+
+
+# ---- what a failed step leaves behind ---------------------------------------------------------------------
+def failed_step(api: Any) -> Dict[str, Any]:
+    """After lazy_reset_grad and a step that fails (an unparsable string): are the gradients
+    untouched, and does the next good step still overwrite them?"""
+    state = api.CheckpointState.load_checkpoint(STRINGS / "checkpoint")
+    module = api.Module(STRINGS / "training_model.onnx", state)
+    x, y = np.array(STRING_FEATURES), np.array(STRING_LABELS)
+    module(x, y)
+    before = {name: parameter.grad.copy() for name, parameter in state.parameters}
+    module.lazy_reset_grad()
+    result = outcome(lambda: module(np.array([["abc", "1"]] + STRING_FEATURES[1:]), y))
+    result["message"] = "(not compared)"
+    result["gradients_unchanged"] = all(np.array_equal(before[n], p.grad) for n, p in state.parameters)
+    module(x, y)
+    result["next_step_overwrites"] = all(np.allclose(before[n], p.grad) for n, p in state.parameters)
+    return result
