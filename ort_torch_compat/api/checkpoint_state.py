@@ -16,12 +16,13 @@ import torch
 from ..codec.dtypes import numpy_dtype
 from ..engine import TrainingState, load_state, save_state
 from ..engine.state import ParameterSlot, PropertyValue
+from ..engine.training_engine import LOAD_HINT
 from ..errors import NominalStateError
 
 # ORT 1.19.2's messages, verbatim (tests/fixtures/edges); our hint follows as a new sentence.
-_LOAD_HINT = ". Load them with module.copy_buffer_to_parameters(buffer, trainable_only=False)."
 NOMINAL_GET = "Cannot get parameter from a nominal state. Please load the parameter states first"
 NOMINAL_SET = "Cannot copy parameter to a nominal state. Please load all the parameter states first"
+_LOAD_HINT = f". {LOAD_HINT}"
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:

@@ -22,7 +22,7 @@ from onnx import numpy_helper
 from ..errors import InvalidArgumentError, ModelLoadError, ModelMismatchError, NominalStateError
 from ..graph.subgraph import ancestor_nodes, prune_unused_outputs
 from .model_io import load_model
-from .training_engine import TrainingEngine
+from .training_engine import LOAD_HINT, NOMINAL_EXPORT, TrainingEngine
 
 PROTOBUF_LIMIT = 2**31 - 1
 LOSS_NODE_PREFIX = "onnx::"  # onnxblock names the nodes of the loss blocks it appends this way
@@ -78,8 +78,7 @@ def _output_infos(model: onnx.ModelProto, wanted: List[str]) -> List[onnx.ValueI
 
 def build_inference_model(engine: TrainingEngine, graph_output_names: List[str]) -> onnx.ModelProto:
     if engine.state.is_nominal:
-        raise NominalStateError("Cannot export the model with a nominal state. Please load the model parameters first. "
-                                "Load them with copy_buffer_to_parameters(buffer, trainable_only=False).")
+        raise NominalStateError(f"{NOMINAL_EXPORT} {LOAD_HINT}")
     if engine.eval_source is None:
         raise ModelLoadError("Eval model was not provided. Cannot export a model for inferencing.")
     if not graph_output_names:

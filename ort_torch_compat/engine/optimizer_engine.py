@@ -17,7 +17,7 @@ from ..errors import ModelMismatchError, NominalStateError
 from ..optim import OptimizerSpec, adamw_step, linear_lr_factor, parse_optimizer_model, sgd_step
 from .model_io import ModelSource, describe, load_model
 from .state import OptimizerState
-from .training_engine import TrainingEngine
+from .training_engine import LOAD_HINT, NOMINAL_OPTIMIZER, TrainingEngine
 
 
 def learning_rate_value(lr: object, what: str) -> float:
@@ -79,10 +79,7 @@ class OptimizerEngine:
     def step(self) -> None:
         """One update of every trainable parameter (ORT updates all, with or without grads)."""
         if self.engine.state.is_nominal:
-            raise NominalStateError(
-                "The optimizer state cannot be constructed. Please load the model parameters first. "  # ORT's words
-                "Load them with copy_buffer_to_parameters(buffer, trainable_only=False)."
-            )
+            raise NominalStateError(f"{NOMINAL_OPTIMIZER} {LOAD_HINT}")
         if self._groups is None:
             self._groups = self._materialize()
         lr = self.group.learning_rate

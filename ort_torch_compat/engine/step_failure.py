@@ -7,7 +7,7 @@ to find the failing operator and the user inputs it reads.
 from __future__ import annotations
 
 import re
-from typing import List, Optional, Sequence
+from typing import List, NoReturn, Optional, Sequence
 
 import torch
 from torch import fx
@@ -57,13 +57,21 @@ def _inputs_read(node: fx.Node, user_inputs: dict) -> List[str]:
     return sorted(found, key=list(user_inputs.values()).index)
 
 
-def explain_failure(error: Exception, module: torch.nn.Module, args: Sequence[torch.Tensor],
-                    user_input_names: Sequence[str], step: str) -> Exception:
-    """The exception to raise for `error` (raised by `module(*args)`): InvalidInputError naming the
-    operator and the user inputs it reads, or `error` itself when it is not about the inputs."""
+def raise_explained(error: Exception, module: torch.nn.Module, args: Sequence[torch.Tensor],
+                    user_input_names: Sequence[str], step: str) -> NoReturn:
+    """Re-raise `error` (raised by `module(*args)`) as InvalidInputError naming the operator and
+    the user inputs it reads, chained to it; errors that are not about the inputs as they are."""
+    explained = _explain(error, module, args, user_input_names, step)
+    if explained is None:
+        raise error
+    raise explained from error
+
+
+def _explain(error: Exception, module: torch.nn.Module, args: Sequence[torch.Tensor],
+             user_input_names: Sequence[str], step: str) -> Optional[InvalidInputError]:
     if isinstance(error, (OrtTorchCompatError,) + _NOT_INPUT_ERRORS) or not isinstance(
             error, (RuntimeError, IndexError, ValueError, TypeError)):
-        return error
+        return None
     node = _failing_node(module, args)
     reason = f"{type(error).__name__}: {error}".strip()
     if node is None:

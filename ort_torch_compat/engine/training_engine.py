@@ -20,15 +20,18 @@ from .io_spec import StepInput, check_inputs, names
 from .model_io import ModelSource, describe, load_model, opset_map
 from .parameters import ParameterStore
 from .state import TrainingState
-from .step_failure import explain_failure
+from .step_failure import raise_explained
 from .string_inputs import StringCasts
 from .training_graph import GraphIO, check_eval_matches, check_parameter_types, eval_io, training_io
 
 
+# ORT 1.19.2's messages for a nominal state, verbatim (tests/fixtures/edges/expected.json).
 NOMINAL_TRAIN_STEP = "Cannot perform TrainStep with a nominal state. Please load the model parameters first."
 NOMINAL_EVAL_STEP = "Cannot perform EvalStep with a nominal state. Please load the model parameters first."
 NOMINAL_COPY = "Cannot copy parameters from a nominal checkpoint state. Please load the model parameters first."
-LOAD_HINT = "Load them with copy_buffer_to_parameters(buffer, trainable_only=False)."
+NOMINAL_EXPORT = "Cannot export the model with a nominal state. Please load the model parameters first."
+NOMINAL_OPTIMIZER = "The optimizer state cannot be constructed. Please load the model parameters first."
+LOAD_HINT = "Load them with module.copy_buffer_to_parameters(buffer, trainable_only=False)."  # follows ORT's words
 
 
 def _build(model: onnx.ModelProto, fed_names: List[str], io: GraphIO, label: str) -> torch.nn.Module:
@@ -116,8 +119,8 @@ class TrainingEngine:
                     tensor.grad = grad
             if not isinstance(error, Exception):
                 raise
-            raise explain_failure(error, self.train_module, [*feeds, *self._train_params],
-                                  self.train_strings.fed_names, "train step") from error
+            raise_explained(error, self.train_module, [*feeds, *self._train_params], self.train_strings.fed_names,
+                            "train step")
         if not self._accumulate:
             self.store.fill_missing_grads()
         self._accumulate = True
@@ -134,8 +137,8 @@ class TrainingEngine:
             with torch.no_grad():
                 return list(self.eval_module(*feeds, *self._eval_params))
         except Exception as error:
-            raise explain_failure(error, self.eval_module, [*feeds, *self._eval_params],
-                                  self.eval_strings.fed_names, "eval step") from error
+            raise_explained(error, self.eval_module, [*feeds, *self._eval_params], self.eval_strings.fed_names,
+                            "eval step")
 
     def lazy_reset_grad(self) -> None:
         """Schedule the next train step to overwrite (not add to) the gradients."""
