@@ -312,6 +312,28 @@ def test_adamw_kernel_takes_orts_formula_when_decay_reaches_one(lr, weight_decay
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
 
 
+def test_adamw_falls_back_where_torch_has_no_fused_kernel(monkeypatch):
+    """torch < 2.4 has `_fused_adamw_` but no CPU kernel for it: the reference kernel runs instead."""
+    from ort_torch_compat.optim import adamw
+
+    def no_cpu_kernel(*args, **kwargs):
+        raise NotImplementedError("Could not run 'aten::_fused_adamw_' with arguments from the 'CPU' backend.")
+
+    torch.manual_seed(0)
+    params, grads = [torch.randn(5)], [torch.randn(5)]
+    expected = [params[0].clone()]
+    settings = dict(lr=0.01, step=1, alpha=0.9, beta=0.999, epsilon=1e-6, weight_decay=0.1, adam_mode=1,
+                    correct_bias=True)
+    adamw_step(expected, grads, [torch.zeros(5)], [torch.zeros(5)], fused=False, **settings)
+    monkeypatch.setattr(torch, "_fused_adamw_", no_cpu_kernel)
+    adamw.fused_available.cache_clear()
+    try:
+        adamw_step(params, grads, [torch.zeros(5)], [torch.zeros(5)], **settings)
+    finally:
+        adamw.fused_available.cache_clear()
+    torch.testing.assert_close(params[0], expected[0], rtol=0, atol=0)
+
+
 # ---- `run -m` finds packages in the current directory ---------------------------------------------------------
 def test_run_module_finds_a_package_in_the_current_directory(tmp_path):
     package = tmp_path / "mypackage"
