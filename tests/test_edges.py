@@ -209,6 +209,21 @@ def test_failed_eval_step_names_the_input():
         module(x, np.array([0, 1, -7, 1]))
 
 
+def test_failed_step_off_the_cpu_names_the_inputs_without_a_replay():
+    from ort_torch_compat.engine.step_failure import raise_explained
+
+    class Refuses(torch.nn.Module):
+        def forward(self, *args):
+            raise AssertionError("a replay must not run on an accelerator")
+
+    meta = [torch.empty(2, device="meta"), torch.empty(2, device="meta")]
+    with pytest.raises(InvalidInputError, match=r"train step failed on meta \(inputs 'features', 'labels'\)"):
+        try:
+            raise RuntimeError("device-side assert triggered")
+        except RuntimeError as error:
+            raise_explained(error, Refuses(), meta, ["features", "labels"], "train step")
+
+
 def test_failed_step_through_the_c_api_session_leaves_it_usable():
     d = cases.EXAMPLE
     with TrainingSession(load_checkpoint(d / "checkpoint"), d / "training_model.onnx",

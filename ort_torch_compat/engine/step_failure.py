@@ -1,8 +1,9 @@
 """Turning an error raised inside torch during a step into one that names the input.
 
 torch's messages name no graph input (`IndexError: Target 5 is out of bounds`).  When a
-step fails, the forward pass is replayed node by node (only then, so steps pay nothing)
-to find the failing operator and the user inputs it reads.
+step fails on the CPU, the forward pass is replayed node by node (only then, so steps pay
+nothing) to find the failing operator and the user inputs it reads.  On an accelerator the
+error names the step's inputs only: kernels there report errors asynchronously.
 """
 from __future__ import annotations
 
@@ -72,11 +73,14 @@ def _explain(error: Exception, module: torch.nn.Module, args: Sequence[torch.Ten
     if isinstance(error, (OrtTorchCompatError,) + _NOT_INPUT_ERRORS) or not isinstance(
             error, (RuntimeError, IndexError, ValueError, TypeError)):
         return None
-    node = _failing_node(module, args)
+    devices = sorted({str(arg.device) for arg in args if arg.device.type != "cpu"})
+    node = None if devices else _failing_node(module, args)
     reason = f"{type(error).__name__}: {error}".strip()
     if node is None:
         names = ", ".join(f"'{name}'" for name in user_input_names)
-        return InvalidInputError(f"{step} failed computing gradients (inputs {names}): {reason}")
+        # Accelerators report kernel errors asynchronously: a replay there cannot locate them.
+        where = f"on {', '.join(devices)}" if devices else "computing gradients"
+        return InvalidInputError(f"{step} failed {where} (inputs {names}); check their values. {reason}")
     placeholders = [n for n in node.graph.nodes if n.op == "placeholder"]
     user_inputs = dict(zip(placeholders, user_input_names))
     match = _OP_FROM_MODULE.match(str(node.target)) if node.op == "call_module" else None
