@@ -283,6 +283,13 @@ def test_strings_parse_like_orts_cast():
                 assert value == reference[target][text], (target, text, value, reference[target][text])
 
 
+def test_failed_step_names_the_string_input_behind_a_cast():
+    state = ours.CheckpointState.load_checkpoint(cases.STRINGS / "checkpoint")
+    module = ours.Module(cases.STRINGS / "training_model.onnx", state)
+    with pytest.raises(InvalidInputError, match=r"SoftmaxCrossEntropyLoss, which reads input 'label_text'"):
+        module(np.array(cases.STRING_FEATURES), np.array(["0", "5", "1", "1"]))
+
+
 def test_string_input_read_by_another_operator_is_refused_naming_it():
     model = onnx.load(str(cases.STRINGS / "training_model.onnx"))
     model.graph.node.append(onnx.helper.make_node("Identity", ["label_text"], ["label_copy"]))

@@ -43,17 +43,17 @@ def _failing_node(module: torch.nn.Module, args: Sequence[torch.Tensor]) -> Opti
 
 def _inputs_read(node: fx.Node, user_inputs: dict) -> List[str]:
     """User inputs among the node's arguments, else among its ancestors."""
-    direct = [user_inputs[arg] for arg in node.all_input_nodes if arg in user_inputs]
+    direct = list(dict.fromkeys(user_inputs[arg] for arg in node.all_input_nodes if arg in user_inputs))
     if direct:
         return direct
-    found, stack, seen = [], list(node.all_input_nodes), set()
+    found, stack, seen = set(), list(node.all_input_nodes), set()
     while stack:
         current = stack.pop()
         if current in seen:
             continue
         seen.add(current)
         if current in user_inputs:
-            found.append(user_inputs[current])
+            found.add(user_inputs[current])
         stack.extend(current.all_input_nodes)
     return sorted(found, key=list(user_inputs.values()).index)
 

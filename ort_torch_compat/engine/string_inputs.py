@@ -136,7 +136,8 @@ class StringCasts:
 
     `model` is the model without those Cast nodes (the given one when there are no string
     inputs), and `fed_names` the graph inputs its torch module takes instead of the user
-    inputs: each string input is replaced by the outputs of the Cast nodes that read it.
+    inputs: each string input is replaced by the outputs of the Cast nodes that read it
+    (`fed_from` names the user input behind each).
     """
 
     def __init__(self, model: onnx.ModelProto, user_inputs: Sequence[ValueSpec], label: str):
@@ -174,8 +175,10 @@ class StringCasts:
             kept = [node for node in model.graph.node if node not in removed]
             del self.model.graph.node[:]
             self.model.graph.node.extend(kept)
-        self.fed_names = [name for position, spec in enumerate(user_inputs)
-                          for name in ([out for out, _ in self._plan[position]] if position in self._plan else [spec.name])]
+        fed = [(name, spec.name) for position, spec in enumerate(user_inputs)
+               for name in ([out for out, _ in self._plan[position]] if position in self._plan else [spec.name])]
+        self.fed_names = [name for name, _ in fed]
+        self.fed_from = [source for _, source in fed]  # the user input each fed value comes from
         self._names = [spec.name for spec in user_inputs]
 
     def __bool__(self) -> bool:

@@ -119,7 +119,7 @@ class TrainingEngine:
                     tensor.grad = grad
             if not isinstance(error, Exception):
                 raise
-            raise_explained(error, self.train_module, [*feeds, *self._train_params], self.train_strings.fed_names,
+            raise_explained(error, self.train_module, [*feeds, *self._train_params], self.train_strings.fed_from,
                             "train step")
         if not self._accumulate:
             self.store.fill_missing_grads()
@@ -137,7 +137,7 @@ class TrainingEngine:
             with torch.no_grad():
                 return list(self.eval_module(*feeds, *self._eval_params))
         except Exception as error:
-            raise_explained(error, self.eval_module, [*feeds, *self._eval_params], self.eval_strings.fed_names,
+            raise_explained(error, self.eval_module, [*feeds, *self._eval_params], self.eval_strings.fed_from,
                             "eval step")
 
     def lazy_reset_grad(self) -> None:
