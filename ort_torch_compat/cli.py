@@ -42,6 +42,7 @@ def run(target: str, args: Sequence[str] = (), *, module: bool = False) -> None:
     install()
     if module:
         sys.argv = [target, *args]
+        sys.path.insert(0, os.getcwd())  # as `python -m` does: packages in the current directory are found
         runpy.run_module(target, run_name="__main__", alter_sys=True)
         return
     if not os.path.exists(target):
@@ -130,7 +131,7 @@ def _export(args: argparse.Namespace) -> int:
         if not outputs:
             import onnx
 
-            from .migrate.torch_module import model_outputs
+            from .engine.export import model_outputs
 
             eval_proto = onnx.load(paths["eval"], load_external_data=False)
             roots = [o.name for o in eval_proto.graph.output]

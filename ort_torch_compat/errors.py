@@ -29,3 +29,7 @@ class NominalStateError(OrtTorchCompatError):
 
 class ReleasedError(OrtTorchCompatError):
     """A released session or state was used."""
+
+
+class InvalidArgumentError(OrtTorchCompatError, ValueError):
+    """An argument other than a step input is invalid (a device string, export output names)."""

@@ -6,12 +6,12 @@ were given, so the rule lives here, once, below all three.
 """
 from __future__ import annotations
 
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
-from .engine.io_spec import tensor_from_array, torch_type_name
+from .engine.io_spec import StepInput, is_string_array, tensor_from_array, torch_type_name
 from .errors import InvalidInputError
 
 
@@ -74,8 +74,15 @@ class OrtValue:
         return f"OrtValue({self.data_type()}, shape={self.shape()}, device={self._tensor.device})"
 
 
-def to_tensor(value: Any, what: str) -> torch.Tensor:
-    """A tensor view of `value` without copying where possible (numpy shares memory)."""
+def _is_onnxruntime_value(value: Any) -> bool:
+    """onnxruntime's OrtValue (or its C.OrtValue), recognised without importing onnxruntime."""
+    return type(value).__module__.startswith("onnxruntime") and callable(getattr(value, "numpy", None))
+
+
+def to_tensor(value: Any, what: str) -> StepInput:
+    """A tensor view of `value` without copying where possible (numpy shares memory);
+    string arrays stay numpy (torch has no strings; the engine parses them where the graph
+    casts them)."""
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, OrtValue):
@@ -84,7 +91,7 @@ def to_tensor(value: Any, what: str) -> torch.Tensor:
         return tensor_from_array(value, what)
     numpy_method = getattr(value, "numpy", None)
     if callable(numpy_method):  # onnxruntime's own OrtValue (or C.OrtValue)
-        return torch.from_numpy(np.array(numpy_method()))
+        return tensor_from_array(np.array(numpy_method()), what)
     raise InvalidInputError(f"{what}: expected a numpy array, OrtValue or torch tensor, got {type(value).__name__}")
 
 
@@ -101,28 +108,48 @@ def to_numpy(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
-def to_tensors(values: Sequence[Any]) -> Tuple[List[torch.Tensor], str]:
-    """Tensors for `values` (None skipped, as ORT does) and the kind of value to return."""
+def to_tensors(values: Sequence[Any]) -> Tuple[List[StepInput], str]:
+    """Tensors for `values` (None skipped, as ORT does) and the kind of value to return:
+    outputs come back in the kind the inputs came in, as ORT's do ("numpy", "torch",
+    "onnxruntime" for onnxruntime's own OrtValues, so `isinstance(out, onnxruntime.OrtValue)`
+    holds where it is installed, or "ortvalue" for ours)."""
     present = [v for v in values if v is not None]
     if any(isinstance(v, np.ndarray) for v in present):
         kind = "numpy"
     elif present and all(isinstance(v, torch.Tensor) for v in present):
         kind = "torch"
+    elif any(_is_onnxruntime_value(v) for v in present):
+        kind = "onnxruntime"
     else:
         kind = "ortvalue"
     return [to_tensor(v, f"input {i}") for i, v in enumerate(present)], kind
 
 
 def values_as(tensors: Sequence[torch.Tensor], kind: str) -> list:
-    """`tensors` as a list of values of `kind` ("numpy", "torch" or "ortvalue")."""
+    """`tensors` as a list of values of `kind` (see `to_tensors`).
+
+    onnxruntime OrtValues are CPU copies in memory onnxruntime owns: one that borrowed the
+    tensor's memory (`ortvalue_from_numpy`) would leave `module(...).numpy()` pointing at
+    freed memory once the temporary OrtValue is gone, since ORT's `numpy()` is a view.
+    """
     if kind == "numpy":
         return [t.detach().cpu().numpy() for t in tensors]
     if kind == "torch":
         return list(tensors)
+    if kind == "onnxruntime":
+        from onnxruntime import OrtValue as OnnxRuntimeOrtValue
+
+        return [_onnxruntime_copy(OnnxRuntimeOrtValue, t.detach().cpu().numpy()) for t in tensors]
     return [OrtValue(t) for t in tensors]
 
 
-def from_tensors(tensors: Sequence[torch.Tensor], kind: str):
+def _onnxruntime_copy(ortvalue_class: Any, array: np.ndarray) -> Any:
+    value = ortvalue_class.ortvalue_from_shape_and_type(list(array.shape), array.dtype)
+    value.update_inplace(np.ascontiguousarray(array))
+    return value
+
+
+def from_tensors(tensors: Sequence[torch.Tensor], kind: str) -> Union[Any, tuple]:
     """One value for a single output, else a tuple, in the kind the inputs came in."""
     values = values_as(tensors, kind)
     return values[0] if len(values) == 1 else tuple(values)

@@ -15,9 +15,13 @@ import torch
 
 from ..engine import TrainingState, load_state, save_state
 from ..engine.state import ParameterSlot, PropertyValue, numpy_to_torch, torch_to_numpy
+from ..engine.training_engine import LOAD_HINT
 from ..errors import NominalStateError
 
-_NOMINAL_MESSAGE = "Cannot get parameter from a nominal state. Please load the parameter states first"
+# ORT 1.19.2's messages, verbatim (tests/fixtures/edges); our hint follows as a new sentence.
+NOMINAL_GET = "Cannot get parameter from a nominal state. Please load the parameter states first"
+NOMINAL_SET = "Cannot copy parameter to a nominal state. Please load all the parameter states first"
+_LOAD_HINT = f". {LOAD_HINT}"
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -28,7 +32,7 @@ def _assign(slot: ParameterSlot, value: np.ndarray) -> None:
     """Copy `value` into the parameter in place (it may be a view the engine trains)."""
     array = np.asarray(value)
     if slot.tensor is None:
-        raise NominalStateError(_NOMINAL_MESSAGE)
+        raise NominalStateError(NOMINAL_SET + _LOAD_HINT)
     expected_shape = tuple(slot.tensor.shape)
     if array.shape != expected_shape:
         raise RuntimeError(
@@ -57,7 +61,7 @@ class Parameter:
     @property
     def data(self) -> np.ndarray:
         if self._parameter.tensor is None:
-            raise NominalStateError(_NOMINAL_MESSAGE)
+            raise NominalStateError(NOMINAL_GET + _LOAD_HINT)
         return _to_numpy(self._parameter.tensor)
 
     @data.setter
@@ -83,17 +87,17 @@ class Parameters:
     def __init__(self, state: TrainingState):
         self._state = state
 
-    def _slot(self, name: str) -> ParameterSlot:
+    def _slot(self, name: str, nominal_message: str = NOMINAL_GET) -> ParameterSlot:
         slot = self._state.parameter(name)
         if self._state.is_nominal:
-            raise NominalStateError(_NOMINAL_MESSAGE)
+            raise NominalStateError(nominal_message + _LOAD_HINT)
         return slot
 
     def __getitem__(self, name: str) -> Parameter:
         return Parameter(self._slot(name), self._state)
 
     def __setitem__(self, name: str, value: np.ndarray) -> None:
-        _assign(self._slot(name), value)
+        _assign(self._slot(name, NOMINAL_SET), value)
 
     def __contains__(self, name: str) -> bool:
         return name in self._state.parameters

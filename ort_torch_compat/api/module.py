@@ -18,8 +18,9 @@ class Module:
     `device` is "cpu", "cuda" or "cuda:N".  `session_options` is accepted for signature
     compatibility; ORT's session options have no meaning for the torch engine.
     Inputs may be numpy arrays (outputs come back as numpy), OrtValues (outputs are
-    OrtValues) or torch tensors (outputs are torch tensors on the module's device: the
-    zero-copy path).
+    OrtValues of the same class: onnxruntime's for onnxruntime's, ours for ours) or torch
+    tensors (outputs are torch tensors on the module's device: the zero-copy path).
+    String inputs are numpy arrays of str, bytes or objects, as in ORT.
     """
 
     def __init__(
@@ -68,6 +69,13 @@ class Module:
         self._engine.copy_buffer_to_parameters(to_tensor(buffer, "buffer"), trainable_only)
 
     def export_model_for_inferencing(self, inference_model_uri: Union[str, os.PathLike], graph_output_names: List[str]) -> None:
+        """Write the eval model cut to `graph_output_names` with the trained parameters embedded.
+
+        As in ORT, the names must be a list of str (a bare str is a TypeError, not a list of
+        its characters); an unknown name raises an error that lists the exportable names.
+        """
+        if isinstance(graph_output_names, (str, bytes)) or not all(isinstance(n, str) for n in graph_output_names):
+            raise TypeError(f"graph_output_names must be a list of str, got {graph_output_names!r}")
         export_inference_model(self._engine, os.fspath(inference_model_uri), list(graph_output_names))
 
     def input_names(self) -> List[str]:

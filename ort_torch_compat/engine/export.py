@@ -6,21 +6,66 @@ pruned (ORT keeps BatchNorm's 3 outputs, which ORT itself then refuses to load),
 cosmetic additions (attribute defaults, extra opset imports) are not made.  Files whose
 weights would pass protobuf's 2 GiB limit, or whose checkpoint used external data, are
 written with ONNX external data next to the model.
+
+Misuse raises ORT's messages verbatim (nominal state, no eval model, empty or unknown output
+names), as RuntimeError subclasses like ORT's; an unknown name's error also lists the names
+that can be exported.
 """
 from __future__ import annotations
 
 import os
-from typing import List
+from typing import List, Sequence
 
 import onnx
 from onnx import numpy_helper
 
-from ..errors import ModelLoadError
+from ..errors import InvalidArgumentError, ModelLoadError, ModelMismatchError, NominalStateError
 from ..graph.subgraph import ancestor_nodes, prune_unused_outputs
 from .model_io import load_model
-from .training_engine import TrainingEngine
+from .training_engine import LOAD_HINT, NOMINAL_EXPORT, TrainingEngine
 
 PROTOBUF_LIMIT = 2**31 - 1
+LOSS_NODE_PREFIX = "onnx::"  # onnxblock names the nodes of the loss blocks it appends this way
+
+
+def model_outputs(model: onnx.ModelProto, roots: Sequence[str], label: str = "model") -> List[str]:
+    """The model's own outputs inside a training/eval graph: what the loss block consumes.
+
+    onnxblock names the nodes of the loss it appends `onnx::<Op>::<n>`; the values those
+    nodes read from other (model) nodes are the model's outputs.  Graph outputs computed
+    by model nodes (generate_artifacts' `additional_output_names`) are added after them.
+    These are what an inference model exports by default.
+    """
+    graph = model.graph
+    nodes = ancestor_nodes(graph, roots)
+    producer = {out: node for node in graph.node for out in node.output if out}
+
+    def is_model_value(name: str) -> bool:
+        node = producer.get(name)
+        return node is not None and not node.name.startswith(LOSS_NODE_PREFIX)
+
+    found: List[str] = []
+    for node in nodes:
+        if node.name.startswith(LOSS_NODE_PREFIX):
+            found.extend(v for v in node.input if v and is_model_value(v) and v not in found)
+    found.extend(r for r in roots if is_model_value(r) and r not in found)
+    if not found:
+        raise ModelMismatchError(
+            f"{label}: cannot tell the model's outputs from its loss (no onnxblock loss nodes found); "
+            "pass outputs=[...] with the names of the model outputs"
+        )
+    return found
+
+
+def _exportable_names(model: onnx.ModelProto) -> str:
+    """The names to suggest when a requested output does not exist."""
+    roots = [out.name for out in model.graph.output]
+    try:
+        suggested = model_outputs(model, roots)
+    except ModelMismatchError:
+        suggested = roots
+    return (f"The eval model's outputs are {roots}, and the model outputs its loss reads are {suggested}; "
+            "any other value the eval graph computes can be exported too.")
 
 
 def _output_infos(model: onnx.ModelProto, wanted: List[str]) -> List[onnx.ValueInfoProto]:
@@ -32,17 +77,19 @@ def _output_infos(model: onnx.ModelProto, wanted: List[str]) -> List[onnx.ValueI
 
 
 def build_inference_model(engine: TrainingEngine, graph_output_names: List[str]) -> onnx.ModelProto:
+    if engine.state.is_nominal:
+        raise NominalStateError(f"{NOMINAL_EXPORT} {LOAD_HINT}")
     if engine.eval_source is None:
         raise ModelLoadError("Eval model was not provided. Cannot export a model for inferencing.")
     if not graph_output_names:
-        raise ValueError("Expected a non empty vector of graph output names. Got an empty vector.")
+        raise InvalidArgumentError("Expected a non empty vector of graph output names. Got an empty vector.")
     model = load_model(engine.eval_source, "eval model")
     graph = model.graph
     produced = {out for node in graph.node for out in node.output} | {i.name for i in graph.input}
     for name in graph_output_names:
         if name not in produced:
-            raise ValueError(f"Expected graph output for inference graph {name} could not be found. "
-                             "Please regenerate the eval graph.")
+            raise InvalidArgumentError(f"Expected graph output for inference graph {name} could not be found. "
+                                       f"Please regenerate the eval graph. {_exportable_names(model)}")
     outputs = _output_infos(model, graph_output_names)
     nodes = prune_unused_outputs(ancestor_nodes(graph, graph_output_names), graph_output_names)
     used = {value for node in nodes for value in node.input} | set(graph_output_names)

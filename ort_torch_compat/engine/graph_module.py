@@ -7,7 +7,7 @@ builds its graphs here, so they convert the same way.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import onnx
 import torch
@@ -20,9 +20,12 @@ from .model_io import opset_map
 from .training_graph import GraphIO
 
 
-def build_module(model: onnx.ModelProto, io: GraphIO, label: str) -> torch.nn.Module:
-    """A module whose forward takes `io`'s user inputs then its parameters and returns `io.outputs`."""
-    input_names = names(io.user_inputs) + io.param_names()
+def build_module(model: onnx.ModelProto, io: GraphIO, label: str,
+                 fed_names: Optional[Sequence[str]] = None) -> torch.nn.Module:
+    """A module whose forward takes `io`'s user inputs (or `fed_names`, the values fed in
+    their place, such as the outputs of string Casts run on the host) then its parameters
+    and returns `io.outputs`."""
+    input_names = list(names(io.user_inputs) if fed_names is None else fed_names) + io.param_names()
     graph = forward_graph(model, io.outputs, input_names, label)
     return build_graph_module(graph, opset_map(model), input_names, io.outputs, label)
 

@@ -2,11 +2,13 @@
 
 Checks are precomputed per input (dtype plus the fixed dims) so a step pays only a few
 comparisons; like ORT there is no implicit cast, and errors say which input is wrong.
+String inputs stay numpy arrays (torch has no string tensors) until `string_inputs`
+converts them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import onnx
@@ -16,6 +18,13 @@ from ..codec.dtypes import code_from_torch, torch_dtype
 from ..errors import InvalidInputError
 
 ONNX_TYPE_NAMES = {v: k.lower() for k, v in onnx.TensorProto.DataType.items()}
+STRING = onnx.TensorProto.STRING
+StepInput = Union[torch.Tensor, np.ndarray]  # numpy only for string inputs
+
+
+def is_string_array(value: object) -> bool:
+    """True for the numpy arrays ORT feeds as a string tensor (str, bytes or object elements)."""
+    return isinstance(value, np.ndarray) and value.dtype.kind in ("U", "S", "O")
 
 
 def onnx_type_name(elem_type: int) -> str:
@@ -36,7 +45,7 @@ class ValueSpec:
 
     @property
     def dtype(self) -> Optional[torch.dtype]:
-        return torch_dtype(self.elem_type) if self.elem_type else None
+        return torch_dtype(self.elem_type) if self.elem_type and self.elem_type != STRING else None
 
     @property
     def type_name(self) -> str:
@@ -51,16 +60,18 @@ def value_spec(info: onnx.ValueInfoProto) -> ValueSpec:
     return ValueSpec(info.name, tensor_type.elem_type, shape)
 
 
-def check_inputs(specs: Sequence[ValueSpec], tensors: Sequence[torch.Tensor], step: str) -> None:
+def check_inputs(specs: Sequence[ValueSpec], tensors: Sequence[StepInput], step: str) -> None:
     """Raise InvalidInputError naming the first input whose count, dtype or shape is wrong."""
     if len(tensors) != len(specs):
         names = [spec.name for spec in specs]
         raise InvalidInputError(f"{step} expects {len(specs)} input(s) {names}, got {len(tensors)}")
     for spec, tensor in zip(specs, tensors):
         dtype = spec.dtype
-        if dtype is not None and tensor.dtype != dtype:
+        strings = is_string_array(tensor)
+        if (spec.elem_type == STRING) != strings or (dtype is not None and tensor.dtype != dtype):
+            actual = f"tensor(string) (a numpy {tensor.dtype} array)" if strings else tensor.dtype
             raise InvalidInputError(
-                f"{step}: unexpected input data type for '{spec.name}'. Actual: {tensor.dtype}, expected: {spec.type_name}"
+                f"{step}: unexpected input data type for '{spec.name}'. Actual: {actual}, expected: {spec.type_name}"
             )
         shape = spec.shape
         if shape is None:
@@ -78,19 +89,17 @@ def names(specs: Sequence[ValueSpec]) -> List[str]:
 
 
 # ---- numpy arrays and batch dimensions (issue 17) ---------------------------------------------
-def tensor_from_array(array: np.ndarray, what: str) -> torch.Tensor:
+def tensor_from_array(array: np.ndarray, what: str) -> StepInput:
     """A tensor of a numpy input, sharing its memory where possible.
 
     Big-endian arrays are converted to native order (ORT 1.19.2 reads their bytes as if
     native: wrong floats, or a segfault for labels; the values here are the caller's).
-    Object, str and bytes arrays hold strings, which no numeric input takes: refused naming
-    the input, as ORT does ("Unexpected input data type. Actual: (tensor(string))").
+    Object, str and bytes arrays are what ORT feeds as string tensors: they stay numpy
+    (torch has no strings); `check_inputs` refuses them for any input that is not a string
+    input, naming it, as ORT does ("Unexpected input data type. Actual: (tensor(string))").
     """
-    if array.dtype.kind in ("O", "U", "S"):
-        raise InvalidInputError(
-            f"{what}: unexpected input data type. Actual: tensor(string) (a numpy {array.dtype} array), "
-            "expected a numeric tensor"
-        )
+    if is_string_array(array):
+        return array
     if array.dtype.byteorder == (">" if np.little_endian else "<"):
         array = array.astype(array.dtype.newbyteorder("="))
     if not (array.flags.c_contiguous and array.flags.writeable):

@@ -18,7 +18,7 @@ from ..optim import OptimizerSpec, adamw_step, linear_lr_factor, parse_optimizer
 from .checkpoint_io import moment_mismatch
 from .model_io import ModelSource, describe, load_model
 from .state import OptimizerState
-from .training_engine import TrainingEngine
+from .training_engine import LOAD_HINT, NOMINAL_OPTIMIZER, TrainingEngine
 
 
 def learning_rate_value(lr: object, what: str) -> float:
@@ -86,7 +86,7 @@ class OptimizerEngine:
         Holds the state's lock, so a concurrent save sees the parameters, moments and step
         count of one step (see `TrainingState`)."""
         if self.engine.state.is_nominal:
-            raise NominalStateError("Cannot perform an optimizer step with a nominal state. Load the parameters first.")
+            raise NominalStateError(f"{NOMINAL_OPTIMIZER} {LOAD_HINT}")
         with self.engine.state.lock:
             if self._groups is None:
                 self._groups = self._materialize()

@@ -14,13 +14,25 @@ import onnx
 import torch
 
 from ..errors import InvalidInputError, ModelLoadError, NominalStateError
+from .device import parse_device
 from .graph_module import build_module
 from .host_allocator import tune_host_allocator
-from .io_spec import BatchCheck, check_inputs, names
+from .io_spec import BatchCheck, StepInput, check_inputs, names
 from .model_io import ModelSource, describe, load_model
 from .parameters import ParameterStore
 from .state import TrainingState
+from .step_failure import raise_explained
+from .string_inputs import StringCasts
 from .training_graph import GraphIO, check_eval_matches, check_parameter_types, eval_io, training_io
+
+
+# ORT 1.19.2's messages for a nominal state, verbatim (tests/fixtures/edges/expected.json).
+NOMINAL_TRAIN_STEP = "Cannot perform TrainStep with a nominal state. Please load the model parameters first."
+NOMINAL_EVAL_STEP = "Cannot perform EvalStep with a nominal state. Please load the model parameters first."
+NOMINAL_COPY = "Cannot copy parameters from a nominal checkpoint state. Please load the model parameters first."
+NOMINAL_EXPORT = "Cannot export the model with a nominal state. Please load the model parameters first."
+NOMINAL_OPTIMIZER = "The optimizer state cannot be constructed. Please load the model parameters first."
+LOAD_HINT = "Load them with module.copy_buffer_to_parameters(buffer, trainable_only=False)."  # follows ORT's words
 
 
 class TrainingEngine:
@@ -50,17 +62,20 @@ class TrainingEngine:
     def _setup(self, state: TrainingState, train_proto: onnx.ModelProto, train_io: GraphIO, train_label: str,
                eval_model: Optional[ModelSource], device: str) -> None:
         self.state = state
-        self.device = torch.device(device)
+        self.device = parse_device(device)
         tune_host_allocator()
         self.train_label = train_label
         self.train_io = train_io
         self._train_batch = BatchCheck(train_proto, names(self.train_io.user_inputs))
         shapes = check_parameter_types(self.train_io, state, self.train_label)
-        self.train_module = build_module(train_proto, self.train_io, self.train_label).to(self.device).train()
+        self.train_strings = StringCasts(train_proto, self.train_io.user_inputs, self.train_label)
+        self.train_module = build_module(self.train_strings.model, self.train_io, self.train_label,
+                                         self.train_strings.fed_names).to(self.device).train()
 
         self.eval_source = eval_model
         self.eval_io: Optional[GraphIO] = None
         self.eval_module: Optional[torch.nn.Module] = None
+        self.eval_strings: Optional[StringCasts] = None
         if eval_model is not None:
             eval_label = f"eval model {describe(eval_model, 'eval model')}"
             eval_proto = load_model(eval_model, "eval model")
@@ -68,7 +83,9 @@ class TrainingEngine:
             self._eval_batch = BatchCheck(eval_proto, names(self.eval_io.user_inputs))
             check_eval_matches(self.eval_io, self.train_io, eval_label)
             check_parameter_types(self.eval_io, state, eval_label)
-            self.eval_module = build_module(eval_proto, self.eval_io, eval_label).to(self.device).eval()
+            self.eval_strings = StringCasts(eval_proto, self.eval_io.user_inputs, eval_label)
+            self.eval_module = build_module(self.eval_strings.model, self.eval_io, eval_label,
+                                            self.eval_strings.fed_names).to(self.device).eval()
 
         self.store = ParameterStore(state, self.train_io.param_names(), shapes, self.device)
         self._train_params = [state.parameters[n].tensor for n in self.train_io.param_names()]
@@ -76,8 +93,11 @@ class TrainingEngine:
         self._accumulate = False
 
     # ---- steps -----------------------------------------------------------------------
-    def _to_device(self, tensors: Sequence[torch.Tensor], io: GraphIO) -> List[torch.Tensor]:
-        return [t if t.device == self.device else self._move(t, io.user_inputs[i].name) for i, t in enumerate(tensors)]
+    def _feeds(self, inputs: Sequence[StepInput], strings: StringCasts, step: str) -> List[torch.Tensor]:
+        """The module's user feeds on this device (string inputs parsed by their Cast nodes)."""
+        tensors = strings.feeds(inputs, step)
+        fed = strings.fed_names
+        return [t if t.device == self.device else self._move(t, fed[i]) for i, t in enumerate(tensors)]
 
     def _move(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         """Copy an input from another device (slow path only); name it if that is impossible."""
@@ -90,37 +110,50 @@ class TrainingEngine:
                 f"input '{name}' on {tensor.device} cannot be copied to the module's device {self.device}: {error}"
             ) from error
 
-    def train_step(self, inputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    def train_step(self, inputs: Sequence[StepInput]) -> List[torch.Tensor]:
         if self.state.is_nominal:
-            raise NominalStateError(
-                "Cannot perform TrainStep with a nominal state. Please load the model parameters first "
-                "(copy_buffer_to_parameters(buffer, trainable_only=False))."
-            )
+            raise NominalStateError(f"{NOMINAL_TRAIN_STEP} {LOAD_HINT}")
         check_inputs(self.train_io.user_inputs, inputs, "train step")
         self._train_batch(inputs, "train step")
-        feeds = self._to_device(inputs, self.train_io)
+        feeds = self._feeds(inputs, self.train_strings, "train step")
         with self.state.lock:  # BatchNorm running stats change in the forward pass (see TrainingState)
+            previous_grads = None
             if not self._accumulate:
+                previous_grads = [tensor.grad for tensor in self.store.trainable]
                 self.store.release_grads()
-            with torch.enable_grad():
-                outputs = self.train_module(*feeds, *self._train_params)
-                loss = outputs[0]
-                if loss.requires_grad:
-                    loss.backward(torch.ones_like(loss) if loss.dim() else None)
+            try:
+                with torch.enable_grad():
+                    outputs = self.train_module(*feeds, *self._train_params)
+                    loss = outputs[0]
+                    if loss.requires_grad:
+                        loss.backward(torch.ones_like(loss) if loss.dim() else None)
+            except BaseException as error:  # a failed step leaves the gradients as they were, as ORT's does
+                if previous_grads is not None:
+                    for tensor, grad in zip(self.store.trainable, previous_grads):
+                        tensor.grad = grad
+                if not isinstance(error, Exception):
+                    raise
+                raise_explained(error, self.train_module, [*feeds, *self._train_params], self.train_strings.fed_from,
+                                "train step")
             if not self._accumulate:
                 self.store.fill_missing_grads()
         self._accumulate = True
         return [out.detach() for out in outputs]
 
-    def eval_step(self, inputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    def eval_step(self, inputs: Sequence[StepInput]) -> List[torch.Tensor]:
         if self.eval_module is None:
             raise ModelLoadError("Eval model was not provided. Cannot run an eval step.")
         if self.state.is_nominal:
-            raise NominalStateError("Cannot perform EvalStep with a nominal state. Please load the model parameters first.")
+            raise NominalStateError(f"{NOMINAL_EVAL_STEP} {LOAD_HINT}")
         check_inputs(self.eval_io.user_inputs, inputs, "eval step")
         self._eval_batch(inputs, "eval step")
-        with torch.no_grad():
-            return list(self.eval_module(*self._to_device(inputs, self.eval_io), *self._eval_params))
+        feeds = self._feeds(inputs, self.eval_strings, "eval step")
+        try:
+            with torch.no_grad():
+                return list(self.eval_module(*feeds, *self._eval_params))
+        except Exception as error:
+            raise_explained(error, self.eval_module, [*feeds, *self._eval_params], self.eval_strings.fed_from,
+                            "eval step")
 
     def lazy_reset_grad(self) -> None:
         """Schedule the next train step to overwrite (not add to) the gradients."""
@@ -179,9 +212,7 @@ class TrainingEngine:
 
     def copy_parameters_to_buffer(self, trainable_only: bool) -> torch.Tensor:
         if self.state.is_nominal:
-            raise NominalStateError(
-                "Cannot copy parameters from a nominal checkpoint state. Please load the parameter states first."
-            )
+            raise NominalStateError(f"{NOMINAL_COPY} {LOAD_HINT}")
         return self.store.to_buffer(trainable_only)
 
     def copy_buffer_to_parameters(self, buffer: torch.Tensor, trainable_only: bool) -> None:

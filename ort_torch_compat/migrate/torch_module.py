@@ -32,6 +32,7 @@ import onnx
 import torch
 from torch import nn
 
+from ..engine.export import model_outputs
 from ..engine.graph_module import build_module, io_for_outputs
 from ..engine.io_spec import check_inputs
 from ..engine.model_io import ModelSource, describe, load_model
@@ -41,7 +42,6 @@ from ..errors import InvalidInputError, ModelMismatchError
 from ..graph.subgraph import ancestor_nodes
 from .state_dict import MigrationError, _as_state, state_dict_to_checkpoint
 
-LOSS_NODE_PREFIX = "onnx::"  # onnxblock names the nodes of the loss blocks it appends this way
 EVAL_MODEL_FILE = "eval_model.onnx"
 
 __all__ = ["to_torch_module", "OrtTorchModule", "model_outputs"]
@@ -55,34 +55,6 @@ class _Graph:
 
 def _produced(graph: onnx.GraphProto) -> Dict[str, onnx.NodeProto]:
     return {out: node for node in graph.node for out in node.output if out}
-
-
-def model_outputs(model: onnx.ModelProto, roots: Sequence[str], label: str = "model") -> List[str]:
-    """The model's own outputs inside a training/eval graph: what the loss block consumes.
-
-    onnxblock names the nodes of the loss it appends `onnx::<Op>::<n>`; the values those
-    nodes read from other (model) nodes are the model's outputs.  Graph outputs computed
-    by model nodes (generate_artifacts' `additional_output_names`) are added after them.
-    """
-    graph = model.graph
-    nodes = ancestor_nodes(graph, roots)
-    producer = _produced(graph)
-
-    def is_model_value(name: str) -> bool:
-        node = producer.get(name)
-        return node is not None and not node.name.startswith(LOSS_NODE_PREFIX)
-
-    found: List[str] = []
-    for node in nodes:
-        if node.name.startswith(LOSS_NODE_PREFIX):
-            found.extend(v for v in node.input if v and is_model_value(v) and v not in found)
-    found.extend(r for r in roots if is_model_value(r) and r not in found)
-    if not found:
-        raise ModelMismatchError(
-            f"{label}: cannot tell the model's outputs from its loss (no onnxblock loss nodes found); "
-            "pass outputs=[...] with the names of the model outputs"
-        )
-    return found
 
 
 def _build_graph(model: onnx.ModelProto, io: GraphIO, outputs: Sequence[str], label: str) -> _Graph:

@@ -12,18 +12,36 @@ Two implementations:
   mathematics is ORT's: for mode 1, eps' = eps/sqrt(bc) moves eps outside the bias
   correction, and lr' = lr*(1-lr*wd), wd' = wd/(1-lr*wd) turn "decay after the update"
   into torch's "decay before".  Mode 0 is torch's AdamW as is.
-The two agree to float32 rounding (tested); `fused` is the default where torch has it.
+The two agree to float32 rounding (tested); `fused` is the default where torch has it for
+the parameters' device (torch < 2.4 has no CPU kernel: probed once per device type, since the
+op exists everywhere but fails at run time), except when lr*wd >= 1 in mode 1, where
+the rewrite would divide by 1 - lr*wd <= 0 (ORT's formula then zeroes or flips the weights).
 """
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
 f32 = np.float32
-_HAS_FUSED = hasattr(torch, "_fused_adamw_")
+
+
+@lru_cache(maxsize=None)
+def fused_available(device_type: str) -> bool:
+    """Whether torch's fused AdamW kernel runs on this device type (probed on one element)."""
+    if not hasattr(torch, "_fused_adamw_"):
+        return False
+    one = [torch.zeros(1, device=device_type)]
+    try:
+        torch._fused_adamw_(one, [torch.zeros(1, device=device_type)], [torch.zeros(1, device=device_type)],
+                            [torch.zeros(1, device=device_type)], [], [torch.ones((), device=device_type)],
+                            lr=0.1, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
 
 
 def bias_corrections(alpha: float, beta: float, step: int, correct_bias: bool):
@@ -50,7 +68,9 @@ def adamw_step(
     fused: Optional[bool] = None,
 ) -> None:
     """Update params and moments in place; `step` is the 1-based step ORT feeds the kernel."""
-    use_fused = _HAS_FUSED and correct_bias and (fused is None or fused)
+    decays_past_zero = adam_mode == 1 and float(f32(lr) * f32(weight_decay)) >= 1.0
+    use_fused = (correct_bias and not decays_past_zero and (fused is None or fused) and bool(params)
+                 and fused_available(params[0].device.type))
     kernel = _fused if use_fused else _reference
     with torch.no_grad():
         kernel(params, grads, exp_avgs, exp_avg_sqs, lr=lr, step=step, alpha=alpha, beta=beta,

@@ -8,14 +8,14 @@ SoftmaxCrossEntropyLoss without an ``ignore_index`` attribute ignores label -1 (
 kernel's default) and its mean over no counted label is 0; NegativeLogLikelihoodLoss (an
 ONNX function in ORT) ignores nothing unless told.  torch's own default, -100, is never
 used.  A label outside [0, C) that is not ignored reads out of bounds in ORT's kernel; here
-it raises InvalidInputError.
+it raises an IndexError saying so, which the engine turns into an InvalidInputError naming
+the label input (engine/step_failure.py).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ...errors import InvalidInputError
 from ..registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
@@ -40,7 +40,7 @@ class NllLoss(OnnxModule):
             else:
                 loss = F.nll_loss(log_prob, labels, weights, ignore_index=self.ignore_index, reduction=self.reduction)
         except IndexError as error:  # torch: "Target 5 is out of bounds."
-            raise InvalidInputError(
+            raise IndexError(
                 f"{self.op_type}: a label is outside [0, {scores.shape[1]}) and is not the ignored label "
                 f"{self.ignore_index} ({error})"
             ) from error
