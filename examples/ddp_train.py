@@ -15,6 +15,7 @@ per-step losses (`<out>/losses.npy`).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import pathlib
 from typing import List, Optional, Tuple
@@ -22,6 +23,11 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 import torch.distributed as dist
+# torch.distributed.nn is imported before init_process_group on purpose (torch 2.14.1): its
+# functions take `group=group.WORLD` as a default argument, evaluated at import time. Imported
+# after init_process_group (DDP's constructor does it, lazily, through torch._dynamo), they would
+# hold the default process group until exit, and shutdown_distributed() could not free it.
+import torch.distributed.nn  # noqa: F401
 from torch.nn.parallel import DistributedDataParallel
 
 from ort_torch_compat import to_torch_module
@@ -69,6 +75,27 @@ def train(artifacts: pathlib.Path, *, steps: int, global_batch_size: int, lr: fl
     return module, losses
 
 
+def shutdown_distributed() -> None:
+    """Free the process group now, so that its worker threads end before Python shuts down.
+
+    Works around a teardown race in torch 2.14.1 that aborted rank 1 with SIGABRT ("terminate
+    called without an active exception") about once in 40 runs on a loaded 2-core machine.  A gloo
+    worker thread frees a finished collective only after it has woken the caller; and a barrier
+    holds weak references to the collectives before it, so the last loss all-reduce is freed when
+    the worker drops the barrier.  Freeing the tensor of that all-reduce, created in Python, takes
+    the GIL.  If the main thread has reached interpreter shutdown by then, CPython ends the worker
+    thread inside a noexcept destructor, and C++ calls std::terminate.
+
+    destroy_process_group() alone does not help: it only drops references, and the gloo group
+    joins its threads (with the GIL released, so they can finish) when its last reference goes.
+    Two other holders must be gone by then: the DDP wrapper, which sits in a reference cycle
+    (its reducer holds the group), and torch.distributed.nn's default arguments (see its import).
+    """
+    dist.barrier()  # every rank has finished its collectives before any rank disconnects
+    gc.collect()  # frees the DDP wrapper (reference cycle) and with it the reducer's group reference
+    dist.destroy_process_group()  # drops the last reference: gloo joins its worker threads here
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--artifacts", type=pathlib.Path, default=ARTIFACTS)
@@ -101,8 +128,7 @@ def main(argv: Optional[List[str]] = None) -> None:
             print(f"rank 0 wrote {args.out / 'checkpoint'}", flush=True)
     finally:
         if distributed:
-            dist.barrier()
-            dist.destroy_process_group()
+            shutdown_distributed()
 
 
 if __name__ == "__main__":

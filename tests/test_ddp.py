@@ -15,6 +15,7 @@ from ort_torch_compat.engine import load_state
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "ddp_train.py"
+DRIVER = ROOT / "tests" / "ddp_teardown_driver.py"  # runs the example's main(), then checks teardown
 ARTIFACTS = ROOT / "examples" / "artifacts" / "mlp_classifier"
 STEPS, GLOBAL_BATCH, LR = 4, 8, 0.2
 
@@ -26,16 +27,32 @@ def _example():
     return module
 
 
-def test_two_process_ddp_equals_single_process(tmp_path):
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    """One torchrun launch of the example on 2 CPU processes: (completed process, output dir)."""
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    out = tmp_path / "ddp"
+    cwd = tmp_path_factory.mktemp("ddp")
+    out = cwd / "out"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(EXAMPLE), "--out", str(out), "--steps", str(STEPS), "--global-batch", str(GLOBAL_BATCH),
+               str(DRIVER), "--out", str(out), "--steps", str(STEPS), "--global-batch", str(GLOBAL_BATCH),
                "--lr", str(LR)]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180, cwd=cwd)
+    return result, out
+
+
+def test_teardown_leaves_no_gloo_thread(ddp_run):
+    """Issue 19: a gloo thread alive at interpreter shutdown aborted rank 1 about once in 40 runs."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the driver lists threads in /proc/self/task")
+    result, _ = ddp_run
+    assert result.stdout.count("after main(): []") == 2, result.stdout[-2000:] + result.stderr[-4000:]
+
+
+def test_two_process_ddp_equals_single_process(ddp_run):
+    result, out = ddp_run
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert "world size 2" in result.stdout
 
