@@ -21,6 +21,7 @@ from torch import fx, nn
 from . import converters  # noqa: F401  (registers our converters)
 from .errors import GraphConversionError, UnsupportedOperatorError
 from .fusion import fuse_matmul_bias
+from .options import ConversionOptions, converting_with
 from .registry import find_converter, is_ours
 
 
@@ -64,8 +65,17 @@ def build_graph_module(
     input_names: Sequence[str],
     output_names: Sequence[str],
     model_name: str,
+    gradients: str = "ort",
 ) -> fx.GraphModule:
-    """Return a GraphModule whose forward takes `input_names` positionally and returns a tuple."""
+    """Return a GraphModule whose forward takes `input_names` positionally and returns a tuple.
+
+    `gradients`: "ort" reproduces ONNX Runtime's gradient quirks, "exact" does not (see
+    gradient_quirks)."""
+    with converting_with(ConversionOptions(gradients=gradients)):
+        return _build(graph, opsets, input_names, output_names, model_name)
+
+
+def _build(graph, opsets, input_names, output_names, model_name) -> fx.GraphModule:
     missing = missing_operators(graph, opsets)
     if missing:
         raise UnsupportedOperatorError(model_name, missing)

@@ -63,10 +63,9 @@ def _reduce(op: str, axes_as_input: bool):
 
 
 for _op in _KERNELS:
-    _input_from = 13 if _op == "ReduceSum" else 18
-    register(_op, 1, 11)(_reduce(_op, False))
-    if _op != "ReduceSum":
-        register(_op, 13)(_reduce(_op, False))
-    register(_op, _input_from)(_reduce(_op, True))
-    if _input_from == 13:
+    if _op == "ReduceSum":  # axes became an input at 13
+        register(_op, 1, 11)(_reduce(_op, False))
+        register(_op, 13)(_reduce(_op, True))
+    else:  # ... and at 18 for the others
+        register(_op, 1, 11, 13)(_reduce(_op, False))
         register(_op, 18)(_reduce(_op, True))

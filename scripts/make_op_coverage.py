@@ -1,0 +1,637 @@
+"""Generate the op coverage fixtures (tests/fixtures/ops/) and docs/op-coverage.md.
+
+    python scripts/make_op_coverage.py            # record with onnxruntime-training 1.19.2, replay, write the doc
+    python scripts/make_op_coverage.py --only 'Pool|Pad'   # re-record the ops matching a regex
+    python scripts/make_op_coverage.py --doc-only # replay the committed fixtures, rewrite the doc
+
+What is covered is enumerated, not chosen: every ai.onnx schema version up to opset 21 that
+onnx.defs knows (ORT's own ai.onnx schemas below opset 17 and its com.microsoft ops come from
+scripts/op_coverage_cases.py's CONTRIB_CASES), one small model per (op, schema version,
+attribute variant) from scripts/op_coverage_cases.py.  For each case:
+
+1. forward: ``onnxruntime.InferenceSession`` (CPU, graph optimizations off) runs the one-op
+   model.  "Could not find an implementation" means ORT 1.19.2 does not run that version; any
+   other ORT error is recorded as such.
+2. gradient: the float graph inputs become trainable initializers, a loss
+   ``sum_i ReduceSum(output_i * W_i)`` with random constants W_i is appended, and ORT builds the
+   training model: with ``generate_artifacts`` (loss=None), or, where its onnx.checker step
+   rejects ORT's own schemas, with the functions generate_artifacts calls
+   (``build_gradient_graph``, ``build_gradient_accumulation_graph``, ``save_checkpoint``).  If ORT
+   cannot differentiate some inputs, each input is tried alone and the ones it can train are
+   kept.  One ``onnxruntime.training.api.Module`` train step gives the loss and the gradients.
+   The forward+loss part of the training model is stored, cut the way the engine cuts it.
+3. replay: tests/op_replay.py runs every case through ort_torch_compat's converters; the
+   results are the forward/gradient columns of docs/op-coverage.md.
+
+Model opset: a schema version valid over opsets [v, next) is tested at the first opset >= 9 in
+that range (>= 8 otherwise, else v): ORT 1.19.2's gradient builder emits nodes that are
+invalid below opset 8 (Expand), so nothing below 8 trains in ORT (measured).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import os
+import pathlib
+import pickle
+import re
+import sys
+import tempfile
+import zlib
+from collections import defaultdict
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+import onnx
+from onnx import TensorProto, defs, helper, numpy_helper
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from op_coverage_cases import CONTRIB_CASES, MS, Case, cases  # noqa: E402
+
+from tests import op_replay  # noqa: E402
+
+FIXTURES = REPO / "tests" / "fixtures" / "ops"
+DOC = REPO / "docs" / "op-coverage.md"
+MAX_OPSET = 21
+MAX_IR_VERSION = 10  # ORT 1.19 refuses newer IR versions, which onnx >= 1.17 writes
+NO_KERNEL = "Could not find an implementation"
+
+
+# ---- enumeration --------------------------------------------------------------------------
+
+
+def schema_versions() -> Dict[str, List[int]]:
+    """ai.onnx op -> its schema since-versions up to MAX_OPSET."""
+    versions: Dict[str, List[int]] = defaultdict(list)
+    for schema in defs.get_all_schemas_with_history():
+        if schema.domain == "" and schema.since_version <= MAX_OPSET:
+            versions[schema.name].append(schema.since_version)
+    return {op: sorted(v) for op, v in sorted(versions.items())}
+
+
+def model_opset(version: int, following: Optional[int]) -> int:
+    last = (following - 1) if following else MAX_OPSET
+    for floor in (9, 8):
+        if max(version, floor) <= last:
+            return max(version, floor)
+    return version
+
+
+def enumerate_cases(only: Optional[str]) -> List[Tuple[str, Case, Dict[str, int], int]]:
+    """(case id, case, opsets, schema version) for every case, in table order."""
+    out = []
+    for op, versions in schema_versions().items():
+        for index, version in enumerate(versions):
+            following = versions[index + 1] if index + 1 < len(versions) else None
+            opset = model_opset(version, following)
+            for case in cases(op, version):
+                opsets = {"": case.opset or opset}
+                case_id = f"ai.onnx.{op}-{version}.{case.variant}"
+                out.append((case_id, case, opsets, version))
+    for case in CONTRIB_CASES:
+        if case.domain == MS:
+            opsets = {"": 17, MS: 1}
+            case_id = f"{MS}.{case.op}-1.{case.variant}"
+        else:  # ORT's own ai.onnx schema (version 1), below opset 17
+            opsets = {"": case.opset}
+            case_id = f"ai.onnx.{case.op}-ort.{case.variant}"
+        out.append((case_id, case, opsets, 1))
+    if only:
+        pattern = re.compile(only)
+        out = [item for item in out if pattern.search(item[0])]
+    return out
+
+
+# ---- models -------------------------------------------------------------------------------
+
+
+def _ir_version(opset: int) -> int:
+    return 7 if opset <= 12 else 8 if opset <= 15 else 9 if opset <= 18 else MAX_IR_VERSION
+
+
+def _value_info(name: str, value: np.ndarray) -> onnx.ValueInfoProto:
+    if value.dtype.kind in "US":
+        return helper.make_tensor_value_info(name, TensorProto.STRING, value.shape)
+    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
+
+
+def _initializer(name: str, value: np.ndarray) -> onnx.TensorProto:
+    if value.dtype.kind in "US":
+        return numpy_helper.from_array(value.astype(object), name)
+    return numpy_helper.from_array(value, name)
+
+
+def build_model(case: Case, opsets: Dict[str, int], values: List[Optional[np.ndarray]],
+                chain_values: List[np.ndarray]) -> Tuple[onnx.ModelProto, List[str], Dict[str, np.ndarray]]:
+    """The one-op model; returns it, the graph input names and every named input value."""
+    names, inputs, initializers, named = [], [], [], {}
+    for index, (spec, value) in enumerate(zip(case.inputs, values)):
+        if value is None:
+            names.append("")
+            continue
+        name = f"x{index}"
+        names.append(name)
+        named[name] = value
+        if spec.role == "data":
+            inputs.append(_value_info(name, value))
+        else:
+            initializers.append(_initializer(name, value))
+    node_outputs = [f"y{k}" for k in range(case.outputs)]
+    nodes = [helper.make_node(case.op, names, node_outputs, domain=case.domain, **case.attrs)]
+    outputs = [node_outputs[k] for k in (case.graph_outputs or range(case.outputs))]
+    if case.chain:
+        extra = []
+        for index, value in enumerate(chain_values):
+            name = f"c{index}"
+            extra.append(name)
+            named[name] = value
+            initializers.append(_initializer(name, value))
+        nodes.append(helper.make_node(case.chain["op"], [outputs[0]] + extra, ["z0"], **case.chain["attrs"]))
+        outputs = ["z0"]
+        if case.chain["then"]:
+            op, attrs = case.chain["then"]
+            nodes.append(helper.make_node(op, ["z0"], ["z1"], **attrs))
+            outputs = ["z1"]
+    graph = helper.make_graph(nodes, case.op, inputs, [helper.make_empty_tensor_value_info(o) for o in outputs],
+                              initializer=initializers)
+    imports = [helper.make_opsetid(domain, version) for domain, version in opsets.items()]
+    model = helper.make_model(graph, opset_imports=imports, producer_name="make_op_coverage")
+    model.ir_version = _ir_version(opsets[""])
+    return model, [info.name for info in inputs], named
+
+
+def set_output_types(model: onnx.ModelProto, results: List[np.ndarray]) -> None:
+    for info, value in zip(model.graph.output, results):
+        info.CopyFrom(_value_info(info.name, np.asarray(value)))
+
+
+# ---- ONNX Runtime -------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def quiet_stderr():
+    """ORT's gradient builder logs every graph transformer to fd 2."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def ort_forward(model: onnx.ModelProto, feeds: Dict[str, np.ndarray]):
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def _strip_location(text: str) -> str:
+    """ORT prefixes messages with 'file:line signature(args) [const]'; keep the message."""
+    match = re.match(r"/onnxruntime_src/\S+:\d+ ", text)
+    if not match:
+        return text
+    position = match.end()
+    while True:
+        start = text.find("(", position)
+        if start < 0:
+            return text
+        depth, index = 0, start
+        while index < len(text):
+            depth += {"(": 1, ")": -1}.get(text[index], 0)
+            if depth == 0:
+                break
+            index += 1
+        position = index + 1
+        rest = text[position:]
+        if rest.startswith("::"):
+            continue
+        return rest.removeprefix(">").removeprefix(" const").strip()
+
+
+def _short(error: BaseException) -> str:
+    """ORT's message without the source locations and C++ signatures it nests."""
+    text = re.sub(r"\s+", " ", str(error)).strip()
+    while "/onnxruntime_src/" in text:
+        index = text.index("/onnxruntime_src/")
+        stripped = _strip_location(text[index:])
+        if stripped == text[index:]:
+            break
+        text = text[:index] + stripped
+    return text[:300]
+
+
+def training_base(model: onnx.ModelProto, named: Dict[str, np.ndarray], trainable: List[str],
+                  float_outputs: List[Tuple[str, np.ndarray]], rng: np.random.Generator,
+                  feeders: bool = False) -> onnx.ModelProto:
+    """The one-op model with `trainable` inputs as initializers and the weighted-sum loss.
+
+    `feeders` puts `Mul(p, 1)` between each parameter and the op: ORT 1.19.2 segfaults building
+    the Module when a pool's input is a parameter itself (measured: MaxPool, AveragePool)."""
+    base = copy.deepcopy(model)
+    if feeders:
+        for node in base.graph.node:
+            node.input[:] = [f"{name}_fed" if name in trainable else name for name in node.input]
+        base.graph.initializer.append(numpy_helper.from_array(np.ones((1,), np.float32), "feeder_one"))
+        for name in reversed(trainable):
+            base.graph.node.insert(0, helper.make_node("Mul", [name, "feeder_one"], [f"{name}_fed"]))
+    keep = [info for info in base.graph.input if info.name not in trainable]
+    del base.graph.input[:]
+    base.graph.input.extend(keep)
+    base.graph.initializer.extend(numpy_helper.from_array(named[name], name) for name in trainable)
+    sums = []
+    for index, (name, value) in enumerate(float_outputs):
+        weight = rng.standard_normal(value.shape).astype(value.dtype)
+        base.graph.initializer.append(numpy_helper.from_array(weight, f"loss_w{index}"))
+        base.graph.node.append(helper.make_node("Mul", [name, f"loss_w{index}"], [f"loss_p{index}"]))
+        base.graph.node.append(helper.make_node("ReduceSum", [f"loss_p{index}"], [f"loss_s{index}"], keepdims=0))
+        sums.append(f"loss_s{index}")
+    total = sums[0]
+    for index, name in enumerate(sums[1:], 1):  # Add, not Sum: ORT has no gradient builder for Sum
+        base.graph.node.append(helper.make_node("Add", [total, name], [f"loss_t{index}"]))
+        total = f"loss_t{index}"
+    base.graph.node[-1].output[0] = "loss"
+    del base.graph.output[:]
+    base.graph.output.append(helper.make_tensor_value_info("loss", float_outputs[0][1].dtype == np.float64
+                                                           and TensorProto.DOUBLE or TensorProto.FLOAT, []))
+    return base
+
+
+def _artifacts(base: onnx.ModelProto, trainable: List[str], directory: str) -> str:
+    """Training model + checkpoint in `directory`; returns how they were made."""
+    from onnxruntime.training import artifacts
+    from onnxruntime.training.onnxblock import _training_graph_utils as graph_utils
+    from onnxruntime.training.onnxblock import checkpoint_utils
+
+    try:
+        with quiet_stderr():
+            artifacts.generate_artifacts(base, requires_grad=trainable, frozen_params=[], loss=None,
+                                         optimizer=artifacts.OptimType.SGD, artifact_directory=directory)
+        how = "generate_artifacts"
+    except onnx.checker.ValidationError:
+        # onnx.checker does not know ORT's own ai.onnx schemas (LayerNormalization below 17,
+        # SimplifiedLayerNormalization): call what generate_artifacts calls after the check.
+        model = copy.deepcopy(base)
+        with quiet_stderr():
+            training, _ = graph_utils.build_gradient_graph(model, set(trainable), set(), ["loss"])
+            graph_utils.build_gradient_accumulation_graph(training, set(trainable))
+        onnx.save(training, os.path.join(directory, "training_model.onnx"))
+        params = graph_utils.get_model_parameters(base, set(trainable), set())
+        checkpoint_utils.save_checkpoint(params, os.path.join(directory, "checkpoint"))
+        how = "ORT gradient builder (generate_artifacts' onnx.checker rejects ORT's own schema)"
+    path = os.path.join(directory, "training_model.onnx")
+    training = onnx.load(path)
+    training.ir_version = min(training.ir_version, MAX_IR_VERSION)
+    onnx.save(training, path)
+    return how
+
+
+def ort_train_step(base: onnx.ModelProto, trainable: List[str], feeds: Dict[str, np.ndarray]):
+    """(how, training model, user input names, loss, grads) from one ORT train step."""
+    from onnxruntime.training import api
+
+    with tempfile.TemporaryDirectory() as directory:
+        how = _artifacts(base, trainable, directory)
+        state = api.CheckpointState.load_checkpoint(os.path.join(directory, "checkpoint"))
+        with quiet_stderr():
+            module = api.Module(os.path.join(directory, "training_model.onnx"), state, None)
+        user = list(module.input_names())
+        loss = module(*[feeds[name] for name in user])
+        loss = loss[0] if isinstance(loss, list) else loss
+        loss = np.array(loss.numpy() if hasattr(loss, "numpy") else loss)
+        grads = {name: np.array(state.parameters[name].grad) for name in trainable}
+        training = onnx.load(os.path.join(directory, "training_model.onnx"))
+    return how, training, user, loss, grads
+
+
+def cut_training_forward(training: onnx.ModelProto, user: List[str], trainable: List[str]) -> onnx.ModelProto:
+    from ort_torch_compat.graph import forward_graph
+
+    graph = forward_graph(training, ["loss"], user + trainable, "training model")
+    model = helper.make_model(graph, opset_imports=list(training.opset_import), producer_name="make_op_coverage")
+    model.ir_version = min(training.ir_version, MAX_IR_VERSION)
+    return model
+
+
+def record_gradient(case: Case, model: onnx.ModelProto, named: Dict[str, np.ndarray], graph_inputs: List[str],
+                    outputs: Dict[str, np.ndarray], rng: np.random.Generator, entry: dict, store: dict,
+                    feeders: bool = False) -> None:
+    candidates = [n for n in graph_inputs if named[n].dtype.kind == "f"]
+    float_outputs = [(n, v) for n, v in outputs.items() if np.asarray(v).dtype.kind == "f"]
+    if not candidates or not float_outputs:
+        entry["ort_gradient"] = "n/a: no float input" if not candidates else "n/a: no float output"
+        return
+    feeds = {n: named[n] for n in graph_inputs}
+    base_rng_state = rng.bit_generator.state
+
+    def attempt(trainable):
+        rng.bit_generator.state = base_rng_state  # same loss weights for every attempt
+        base = training_base(model, named, trainable, float_outputs, rng, feeders)
+        return ort_train_step(base, trainable, feeds)
+
+    try:
+        how, training, user, loss, grads = attempt(candidates)
+        trainable = candidates
+    except Exception as error:  # noqa: BLE001 - ORT's errors are data here
+        first_error = _short(error)
+        trainable = []
+        for name in candidates if len(candidates) > 1 else []:
+            try:
+                attempt([name])
+                trainable.append(name)
+            except Exception:  # noqa: BLE001
+                pass
+        if not trainable:
+            entry["ort_gradient"] = f"ORT cannot train it: {first_error}"
+            return
+        how, training, user, loss, grads = attempt(trainable)
+    forward = cut_training_forward(training, user, trainable)
+    key = entry["id"]
+    store[f"{key}/train_model"] = np.frombuffer(forward.SerializeToString(), dtype=np.uint8)
+    store[f"{key}/loss"] = loss
+    for name, grad in grads.items():
+        store[f"{key}/grad/{name}"] = grad
+    if feeders:
+        how += "; Mul(p, 1) feeds each parameter (ORT segfaults when it is the op's input itself)"
+    entry.update(ort_gradient="ok", trainable=trainable, train_inputs=user, gradient_builder=how,
+                 training_ops=sorted({f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in forward.graph.node}))
+
+
+def in_child(function, *args):
+    """Run `function(*args)` in a forked child: ORT segfaults on some cases (e.g. building the
+    Module of an AveragePool-7 training model), which must not end the recording.  Returns the
+    result, or raises OrtCrash naming the signal."""
+    with tempfile.TemporaryFile() as channel:
+        pid = os.fork()
+        if pid == 0:  # child
+            code = 0
+            try:
+                pickle.dump(function(*args), channel)
+                channel.flush()
+            except BaseException:  # noqa: BLE001 - report and leave without running the parent's cleanup
+                import traceback
+
+                traceback.print_exc()
+                code = 1
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if os.WIFSIGNALED(status):
+            raise OrtCrash(f"ORT crashed (signal {os.WTERMSIG(status)})")
+        if os.WEXITSTATUS(status) != 0:
+            raise RuntimeError(f"recording failed in the child process (exit {os.WEXITSTATUS(status)})")
+        channel.seek(0)
+        return pickle.load(channel)
+
+
+class OrtCrash(RuntimeError):
+    pass
+
+
+def record_case_isolated(case_id: str, case: Case, opsets: Dict[str, int], version: int) -> Tuple[dict, dict]:
+    """record_case in a child; when ORT crashes, again with feeder nodes, then forward only."""
+
+    def run(gradient: Optional[str]):
+        store: dict = {}
+        return record_case(case_id, case, opsets, version, store, gradient), store
+
+    try:
+        return in_child(run, "direct")
+    except OrtCrash as crash:
+        try:
+            return in_child(run, "feeders")
+        except OrtCrash:
+            pass
+        try:
+            entry, store = in_child(run, None)
+        except OrtCrash as again:
+            entry = {"id": case_id, "op": case.op, "domain": case.domain or "ai.onnx", "version": version,
+                     "opsets": opsets, "variant": case.variant, "ort_forward": str(again), "ort_gradient": "n/a",
+                     "file": f"{case_id.split('-')[0]}.npz"}
+            return entry, {}
+        entry["ort_gradient"] = f"ORT cannot train it: {crash} when building the training Module"
+        return entry, store
+
+
+def record_case(case_id: str, case: Case, opsets: Dict[str, int], version: int, store: dict,
+                gradient: Optional[str] = "direct") -> dict:
+    rng = np.random.default_rng(zlib.crc32(case_id.encode()))
+    values = [spec.make(rng) for spec in case.inputs]
+    chain_values = [spec.make(rng) for spec in (case.chain or {}).get("extra", [])]
+    model, graph_inputs, named = build_model(case, opsets, values, chain_values)
+    entry = {
+        "id": case_id, "op": case.op, "domain": case.domain or "ai.onnx", "version": version, "opsets": opsets,
+        "variant": case.variant, "attrs": {k: (v if isinstance(v, (int, float, str, list)) else str(type(v).__name__))
+                                           for k, v in case.attrs.items()},
+        "inputs": [f"x{i}" if v is not None else "" for i, v in enumerate(values)], "graph_inputs": graph_inputs,
+        "stochastic": case.stochastic, "rtol": case.rtol, "atol": case.atol, "notes": case.notes,
+        "file": f"{case_id.split('-')[0]}.npz",
+    }
+    feeds = {name: named[name] for name in graph_inputs}
+    try:
+        results = ort_forward(model, feeds)
+    except Exception as error:  # noqa: BLE001
+        message = _short(error)
+        entry["ort_forward"] = "no kernel" if NO_KERNEL in message else f"ORT error: {message}"
+        entry["ort_gradient"] = "n/a: ORT does not run the forward"
+        return entry
+    set_output_types(model, results)
+    entry["ort_forward"] = "ok"
+    entry["outputs"] = [info.name for info in model.graph.output]
+    key = case_id
+    store[f"{key}/model"] = np.frombuffer(model.SerializeToString(), dtype=np.uint8)
+    for name, value in named.items():
+        store[f"{key}/in/{name}"] = value
+    outputs = {}
+    for name, value in zip(entry["outputs"], results):
+        value = np.asarray(value)
+        if value.dtype == object:
+            value = value.astype(np.str_)
+        outputs[name] = value
+        store[f"{key}/out/{name}"] = value
+    if case.stochastic and case.op not in ("Dropout", "BiasDropout"):
+        entry["ort_gradient"] = "n/a: random output"
+        return entry
+    if not gradient:
+        return entry
+    record_gradient(case, model, named, graph_inputs, outputs, rng, entry, store, feeders=gradient == "feeders")
+    return entry
+
+
+# ---- recording ----------------------------------------------------------------------------
+
+
+def record(only: Optional[str]) -> None:
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(3)
+    FIXTURES.mkdir(parents=True, exist_ok=True)
+    selected = enumerate_cases(only)
+    selected_ids = {case_id for case_id, *_rest in selected}
+    kept = [case for case in op_replay.load_manifest() if case["id"] not in selected_ids] \
+        if only and op_replay.MANIFEST.exists() else []
+    entries, stores = [], defaultdict(dict)
+    for count, (case_id, case, opsets, version) in enumerate(selected, 1):
+        entry, store = record_case_isolated(case_id, case, opsets, version)
+        entries.append(entry)
+        stores[entry["file"]].update(store)
+        print(f"[{count}/{len(selected)}] {case_id}: forward {entry['ort_forward']}; gradient {entry['ort_gradient'][:80]}",
+              flush=True)
+    for name in {entry["file"] for entry in entries}:
+        path = FIXTURES / name
+        merged = {}
+        if only and path.exists():
+            merged = {k: v for k, v in np.load(path, allow_pickle=False).items() if k.split("/")[0] not in selected_ids}
+        merged.update(stores[name])
+        if merged:
+            np.savez_compressed(path, **merged)
+        elif path.exists():
+            path.unlink()
+    order = {case_id: index for index, (case_id, *_rest) in enumerate(enumerate_cases(None))}
+    ordered = sorted(kept + entries, key=lambda e: order.get(e["id"], len(order)))
+    op_replay.MANIFEST.write_text(json.dumps({"cases": ordered}, indent=1) + "\n")
+
+
+# ---- the coverage table -------------------------------------------------------------------
+
+
+def replay_all() -> List[Tuple[dict, op_replay.Outcome, op_replay.Outcome]]:
+    manifest = op_replay.load_manifest()
+    arrays = op_replay.Arrays()
+    results = []
+    for case in manifest:
+        if case["ort_forward"] != "ok":
+            results.append((case, op_replay.Outcome("none"), op_replay.Outcome("none")))
+            continue
+        data = arrays(case)
+        results.append((case, op_replay.replay_forward(case, data), op_replay.replay_gradient(case, data)))
+    return results
+
+
+def _summary(outcomes: List[Tuple[dict, op_replay.Outcome]]) -> Tuple[str, List[str]]:
+    tested = [(c, o) for c, o in outcomes if o.status != "none"]
+    if not tested:
+        return "", []
+    statuses = defaultdict(list)
+    for case, outcome in tested:
+        statuses[outcome.status].append((case, outcome))
+    parts, details = [], []
+    if statuses["pass"]:
+        parts.append(f"pass {len(statuses['pass'])}/{len(tested)}")
+    for status, label in (("fail", "FAIL"), ("unsupported", "clear error")):
+        for case, outcome in statuses[status]:
+            details.append(f"`{case['id']}`: {label}: {outcome.detail}")
+        if statuses[status]:
+            parts.append(f"{label} {len(statuses[status])}/{len(tested)}")
+    return ", ".join(parts), details
+
+
+def write_doc(results) -> None:
+    by_op: Dict[Tuple[str, str], list] = defaultdict(list)
+    for case, forward, gradient in results:
+        label = case["op"] if not case["id"].startswith("ai.onnx") or "-ort." not in case["id"] else f"{case['op']} (ORT schema)"
+        op_key = case["id"].split("-")[0].split(".")[-1]
+        by_op[(case["domain"], op_key if "-ort." not in case["id"] else label)].append((case, forward, gradient))
+    rows, details, not_run = [], [], []
+    totals = defaultdict(int)
+    for (domain, op), items in by_op.items():
+        run = [(c, f, g) for c, f, g in items if c["ort_forward"] == "ok"]
+        if not run:
+            reasons = sorted({c["ort_forward"][:120] for c, _, _ in items})
+            not_run.append(f"| {domain} | {op} | {', '.join(str(v) for v in sorted({c['version'] for c, _, _ in items}))} | "
+                           f"{'; '.join(reasons)} |")
+            continue
+        versions = sorted({c["version"] for c, _, _ in run})
+        skipped = sorted({c["version"] for c, _, _ in items} - set(versions))
+        opsets = sorted({c["opsets"].get("", 0) for c, _, _ in run})
+        forward, forward_details = _summary([(c, f) for c, f, _ in run])
+        gradient, gradient_details = _summary([(c, g) for c, _, g in run])
+        ort_no_grad = sorted({c["ort_gradient"].split(":")[0] for c, _, g in run if g.status == "none"})
+        if not gradient:
+            gradient = "ORT: " + "; ".join(ort_no_grad) if ort_no_grad else ""
+        elif ort_no_grad:
+            gradient += f" (other cases: ORT {'; '.join(ort_no_grad)})"
+        notes = []
+        if skipped:
+            notes.append(f"ORT 1.19.2 does not run version(s) {', '.join(map(str, skipped))}")
+        vlabel = ", ".join(str(v) if domain != "com.microsoft" else "1" for v in versions)
+        rows.append(f"| {domain} | {op} | {vlabel} | {', '.join(map(str, opsets))} | {len(run)} | {forward} | {gradient} | "
+                    f"{'; '.join(notes)} |")
+        for line in forward_details + gradient_details:
+            details.append(f"- {line}")
+        totals["ops"] += 1
+        totals["cases"] += len(run)
+        totals["forward_pass"] += sum(f.status == "pass" for _, f, _ in run)
+        totals["gradient_cases"] += sum(g.status != "none" for _, _, g in run)
+        totals["gradient_pass"] += sum(g.status == "pass" for _, _, g in run)
+    text = [
+        "# Op coverage: ONNX Runtime 1.19.2 versus ort_torch_compat",
+        "",
+        "<!-- generated by scripts/make_op_coverage.py; do not edit -->",
+        "",
+        "Every ai.onnx operator schema up to opset 21 (from `onnx.defs`) and the ORT-schema ops that",
+        "ORT's training transformers and optimizers write into training and eval graphs, one small",
+        "model per (op, schema version, attribute variant) from `scripts/op_coverage_cases.py`.",
+        "ONNX Runtime 1.19.2 recorded each case (`tests/fixtures/ops/`): the forward with",
+        "`InferenceSession`, the loss and gradients with a train step of the training model its",
+        "gradient builder made (float inputs trained, loss `sum_i sum(output_i * W_i)`).",
+        "`tests/test_op_coverage.py` replays every case through this library; the forward and",
+        "gradient columns below are those test results (`tests/op_replay.py` says how values",
+        "compare: float32 rounding, exact for integers, booleans and strings).",
+        "",
+        f"Summary: {totals['ops']} ops that ORT runs, {totals['cases']} cases; forward pass "
+        f"{totals['forward_pass']}/{totals['cases']}, gradient pass {totals['gradient_pass']}/{totals['gradient_cases']} "
+        "(of the cases ORT itself can train).",
+        "",
+        "Columns: *versions*: the schema versions ORT runs (each tested at the model opset in",
+        "*opsets*); *forward*/*gradient*: passing cases out of those compared; \"clear error\": the",
+        "Module refuses the graph when it is created, naming the op; \"ORT: ...\": ORT itself cannot",
+        "train the op (no gradient builder, or no float input or output), so there is nothing to",
+        "compare.  Failing and refused cases are listed under the table.",
+        "",
+        "| domain | op | versions | opsets | cases | forward | gradient | notes |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        *rows,
+        "",
+        "## Failing and refused cases",
+        "",
+        *(details or ["None."]),
+        "",
+        "## Ops ONNX defines that ORT 1.19.2 does not run (on CPU)",
+        "",
+        "| domain | op | versions | what ORT says |",
+        "| --- | --- | --- | --- |",
+        *not_run,
+        "",
+    ]
+    DOC.write_text("\n".join(text))
+
+
+def main(argv: Optional[Iterable[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="regex over case ids (e.g. 'AveragePool|Pad-'): re-record only these")
+    parser.add_argument("--doc-only", action="store_true", help="replay the committed fixtures and rewrite the doc")
+    args = parser.parse_args(argv)
+    if not args.doc_only:
+        record(args.only)
+    results = replay_all()
+    write_doc(results)
+    failing = [(c["id"], f, g) for c, f, g in results if "fail" in (f.status, g.status)]
+    print(f"wrote {DOC.relative_to(REPO)}; {len(failing)} case(s) failing")
+    for case_id, forward, gradient in failing[:80]:
+        print(f"  {case_id}: forward {forward}; gradient {gradient}"[:300])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
