@@ -127,7 +127,8 @@ def _initializer(name: str, value: np.ndarray) -> onnx.TensorProto:
 
 
 def build_model(case: Case, opsets: Dict[str, int], values: List[Optional[np.ndarray]],
-                chain_values: List[np.ndarray]) -> Tuple[onnx.ModelProto, List[str], Dict[str, np.ndarray]]:
+                chain_values: List[np.ndarray], captured_values: List[np.ndarray]
+                ) -> Tuple[onnx.ModelProto, List[str], Dict[str, np.ndarray]]:
     """The one-op model; returns it, the graph input names and every named input value."""
     names, inputs, initializers, named = [], [], [], {}
     for index, (spec, value) in enumerate(zip(case.inputs, values)):
@@ -141,6 +142,10 @@ def build_model(case: Case, opsets: Dict[str, int], values: List[Optional[np.nda
             inputs.append(_value_info(name, value))
         else:
             initializers.append(_initializer(name, value))
+    for index, spec in enumerate(case.captured):
+        name = f"cap{index}"
+        named[name] = captured_values[index]
+        inputs.append(_value_info(name, named[name]))
     node_outputs = [f"y{k}" for k in range(case.outputs)]
     nodes = [helper.make_node(case.op, names, node_outputs, domain=case.domain, **case.attrs)]
     outputs = [node_outputs[k] for k in (case.graph_outputs or range(case.outputs))]
@@ -428,7 +433,8 @@ def record_case(case_id: str, case: Case, opsets: Dict[str, int], version: int, 
     rng = np.random.default_rng(zlib.crc32(case_id.encode()))
     values = [spec.make(rng) for spec in case.inputs]
     chain_values = [spec.make(rng) for spec in (case.chain or {}).get("extra", [])]
-    model, graph_inputs, named = build_model(case, opsets, values, chain_values)
+    captured_values = [spec.make(rng) for spec in case.captured]
+    model, graph_inputs, named = build_model(case, opsets, values, chain_values, captured_values)
     entry = {
         "id": case_id, "op": case.op, "domain": case.domain or "ai.onnx", "version": version, "opsets": opsets,
         "variant": case.variant, "attrs": {k: (v if isinstance(v, (int, float, str, list)) else str(type(v).__name__))
@@ -499,122 +505,170 @@ def record(only: Optional[str]) -> None:
             path.unlink()
     order = {case_id: index for index, (case_id, *_rest) in enumerate(enumerate_cases(None))}
     ordered = sorted(kept + entries, key=lambda e: order.get(e["id"], len(order)))
-    op_replay.MANIFEST.write_text(json.dumps({"cases": ordered}, indent=1) + "\n")
+    lines = ",\n".join(json.dumps(entry, separators=(",", ":")) for entry in ordered)
+    op_replay.MANIFEST.write_text('{"cases": [\n' + lines + "\n]}\n")  # one case per line: readable diffs
 
 
 # ---- the coverage table -------------------------------------------------------------------
 
 
 def replay_all() -> List[Tuple[dict, op_replay.Outcome, op_replay.Outcome]]:
-    manifest = op_replay.load_manifest()
+    """Every recorded case through our converters, as tests/test_op_coverage.py does."""
     arrays = op_replay.Arrays()
     results = []
-    for case in manifest:
+    for case in op_replay.load_manifest():
         if case["ort_forward"] != "ok":
             results.append((case, op_replay.Outcome("none"), op_replay.Outcome("none")))
             continue
         data = arrays(case)
-        results.append((case, op_replay.replay_forward(case, data), op_replay.replay_gradient(case, data)))
+        results.append((case, op_replay.replay_forward(case, data), op_replay.gradient_outcome(case, data)))
     return results
 
 
-def _summary(outcomes: List[Tuple[dict, op_replay.Outcome]]) -> Tuple[str, List[str]]:
-    tested = [(c, o) for c, o in outcomes if o.status != "none"]
+def _ort_gradient_reason(status: str) -> str:
+    """ORT's reason for not training a case, in a few words."""
+    rules = [("has not been registered", "no gradient builder in ORT"), ("no float input", "no float input"),
+             ("no float output", "no float output"), ("random output", "random output"),
+             ("ORT crashed", "ORT crashes building the Module"),
+             ("Sequence lengths input tensor", "no sequence_lens in ORT's training kernels"),
+             ("kForward", "only the forward direction in ORT's training kernels"),
+             ("domain_version of 7", "ORT's gradient graph is invalid below opset 8")]
+    for needle, short in rules:
+        if needle in status:
+            return short
+    return "ORT fails: " + status.replace("ORT cannot train it: ", "")[:90].replace("|", "/")
+
+
+def _count(outcomes: List[op_replay.Outcome]) -> str:
+    tested = [o for o in outcomes if o.status != "none"]
     if not tested:
-        return "", []
-    statuses = defaultdict(list)
-    for case, outcome in tested:
-        statuses[outcome.status].append((case, outcome))
-    parts, details = [], []
-    if statuses["pass"]:
-        parts.append(f"pass {len(statuses['pass'])}/{len(tested)}")
+        return ""
+    parts = [f"pass {sum(o.status == 'pass' for o in tested)}/{len(tested)}"]
     for status, label in (("fail", "FAIL"), ("unsupported", "clear error")):
-        for case, outcome in statuses[status]:
-            details.append(f"`{case['id']}`: {label}: {outcome.detail}")
-        if statuses[status]:
-            parts.append(f"{label} {len(statuses[status])}/{len(tested)}")
-    return ", ".join(parts), details
+        count = sum(o.status == status for o in tested)
+        if count:
+            parts.append(f"{label} {count}/{len(tested)}")
+    return ", ".join(parts)
 
 
 def write_doc(results) -> None:
-    by_op: Dict[Tuple[str, str], list] = defaultdict(list)
-    for case, forward, gradient in results:
-        label = case["op"] if not case["id"].startswith("ai.onnx") or "-ort." not in case["id"] else f"{case['op']} (ORT schema)"
-        op_key = case["id"].split("-")[0].split(".")[-1]
-        by_op[(case["domain"], op_key if "-ort." not in case["id"] else label)].append((case, forward, gradient))
+    by_op: Dict[str, list] = defaultdict(list)
+    for item in results:
+        by_op[op_replay.op_key(item[0])].append(item)
     rows, details, not_run = [], [], []
     totals = defaultdict(int)
-    for (domain, op), items in by_op.items():
+    for key, items in by_op.items():
+        domain = items[0][0]["domain"]
+        name = key.split(".")[-1].replace("-ort", " (ORT's ai.onnx schema)")
         run = [(c, f, g) for c, f, g in items if c["ort_forward"] == "ok"]
         if not run:
-            reasons = sorted({c["ort_forward"][:120] for c, _, _ in items})
-            not_run.append(f"| {domain} | {op} | {', '.join(str(v) for v in sorted({c['version'] for c, _, _ in items}))} | "
-                           f"{'; '.join(reasons)} |")
+            reasons = sorted({c["ort_forward"].replace("|", "/")[:110] for c, _, _ in items})
+            versions = sorted({c["version"] for c, _, _ in items})
+            not_run.append(f"| {domain} | {name} | {', '.join(map(str, versions))} | {'; '.join(reasons)} |")
             continue
         versions = sorted({c["version"] for c, _, _ in run})
         skipped = sorted({c["version"] for c, _, _ in items} - set(versions))
         opsets = sorted({c["opsets"].get("", 0) for c, _, _ in run})
-        forward, forward_details = _summary([(c, f) for c, f, _ in run])
-        gradient, gradient_details = _summary([(c, g) for c, _, g in run])
-        ort_no_grad = sorted({c["ort_gradient"].split(":")[0] for c, _, g in run if g.status == "none"})
+        forward = _count([f for _, f, _ in run])
+        gradient = _count([g for _, _, g in run])
+        not_trained = sorted({_ort_gradient_reason(c["ort_gradient"]) for c, _, g in run if g.status == "none"})
         if not gradient:
-            gradient = "ORT: " + "; ".join(ort_no_grad) if ort_no_grad else ""
-        elif ort_no_grad:
-            gradient += f" (other cases: ORT {'; '.join(ort_no_grad)})"
+            gradient = "ORT: " + "; ".join(not_trained)
         notes = []
         if skipped:
-            notes.append(f"ORT 1.19.2 does not run version(s) {', '.join(map(str, skipped))}")
-        vlabel = ", ".join(str(v) if domain != "com.microsoft" else "1" for v in versions)
-        rows.append(f"| {domain} | {op} | {vlabel} | {', '.join(map(str, opsets))} | {len(run)} | {forward} | {gradient} | "
+            notes.append(f"ORT 1.19.2 does not run version {', '.join(map(str, skipped))}")
+        if gradient and not gradient.startswith("ORT:") and not_trained:
+            notes.append("not trained by ORT: " + "; ".join(c["variant"] for c, _, g in run if g.status == "none")[:160])
+        for table, label in ((op_replay.ORT_GRADIENT_QUIRKS, "ORT gradient quirk, reproduced"),
+                             (op_replay.ORT_GRADIENT_WRONG, "ORT's gradient is wrong, ours checked against finite differences"),
+                             (op_replay.OTHER_BRANCH, "fixed on the real-architecture branch")):
+            reasons = sorted({op_replay.matching(table, c["id"]) for c, _, _ in run} - {""})
+            notes += [f"{label}: {reason}" for reason in reasons]
+        label = ", ".join(map(str, versions)) if domain == "ai.onnx" else "1"
+        rows.append(f"| {domain} | {name} | {label} | {', '.join(map(str, opsets))} | {len(run)} | {forward} | {gradient} | "
                     f"{'; '.join(notes)} |")
-        for line in forward_details + gradient_details:
-            details.append(f"- {line}")
+        for case, forward_outcome, gradient_outcome in run:
+            for kind, outcome in (("forward", forward_outcome), ("gradient", gradient_outcome)):
+                if outcome.status in ("fail", "unsupported"):
+                    details.append(f"- `{case['id']}` {kind}: {'FAIL' if outcome.status == 'fail' else 'clear error'}: "
+                                   f"{outcome.detail[:220]}")
         totals["ops"] += 1
         totals["cases"] += len(run)
         totals["forward_pass"] += sum(f.status == "pass" for _, f, _ in run)
         totals["gradient_cases"] += sum(g.status != "none" for _, _, g in run)
         totals["gradient_pass"] += sum(g.status == "pass" for _, _, g in run)
-    text = [
-        "# Op coverage: ONNX Runtime 1.19.2 versus ort_torch_compat",
-        "",
-        "<!-- generated by scripts/make_op_coverage.py; do not edit -->",
-        "",
-        "Every ai.onnx operator schema up to opset 21 (from `onnx.defs`) and the ORT-schema ops that",
-        "ORT's training transformers and optimizers write into training and eval graphs, one small",
-        "model per (op, schema version, attribute variant) from `scripts/op_coverage_cases.py`.",
-        "ONNX Runtime 1.19.2 recorded each case (`tests/fixtures/ops/`): the forward with",
-        "`InferenceSession`, the loss and gradients with a train step of the training model its",
-        "gradient builder made (float inputs trained, loss `sum_i sum(output_i * W_i)`).",
-        "`tests/test_op_coverage.py` replays every case through this library; the forward and",
-        "gradient columns below are those test results (`tests/op_replay.py` says how values",
-        "compare: float32 rounding, exact for integers, booleans and strings).",
-        "",
-        f"Summary: {totals['ops']} ops that ORT runs, {totals['cases']} cases; forward pass "
-        f"{totals['forward_pass']}/{totals['cases']}, gradient pass {totals['gradient_pass']}/{totals['gradient_cases']} "
-        "(of the cases ORT itself can train).",
-        "",
-        "Columns: *versions*: the schema versions ORT runs (each tested at the model opset in",
-        "*opsets*); *forward*/*gradient*: passing cases out of those compared; \"clear error\": the",
-        "Module refuses the graph when it is created, naming the op; \"ORT: ...\": ORT itself cannot",
-        "train the op (no gradient builder, or no float input or output), so there is nothing to",
-        "compare.  Failing and refused cases are listed under the table.",
-        "",
-        "| domain | op | versions | opsets | cases | forward | gradient | notes |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-        *rows,
-        "",
-        "## Failing and refused cases",
-        "",
-        *(details or ["None."]),
-        "",
-        "## Ops ONNX defines that ORT 1.19.2 does not run (on CPU)",
-        "",
-        "| domain | op | versions | what ORT says |",
-        "| --- | --- | --- | --- |",
-        *not_run,
-        "",
-    ]
-    DOC.write_text("\n".join(text))
+    quirks = "\n".join(f"- `{pattern}`: {reason}" for pattern, reason in op_replay.ORT_GRADIENT_QUIRKS.items())
+    wrong = "\n".join(f"- `{pattern}`: {reason}" for pattern, reason in op_replay.ORT_GRADIENT_WRONG.items())
+    text = f"""# Op coverage: ONNX Runtime 1.19.2 versus ort_torch_compat
+
+<!-- generated by scripts/make_op_coverage.py from tests/fixtures/ops/; do not edit by hand -->
+
+**{totals['ops']} ops that ORT 1.19.2 runs, {totals['cases']} cases: forward
+{totals['forward_pass']}/{totals['cases']} pass, gradients {totals['gradient_pass']}/{totals['gradient_cases']} pass (of the
+cases ORT itself can train).**
+
+## What is tested
+
+Every ai.onnx operator schema up to opset 21 (`onnx.defs`), at every schema version, and the
+ORT-schema ops its training transformers and optimizers write into training, eval and
+inference graphs (ORT's own LayerNormalization below opset 17 and SimplifiedLayerNormalization
+in the ai.onnx domain; the com.microsoft fusions).  One small model per (op, schema version,
+attribute variant), from `scripts/op_coverage_cases.py`; a version valid over opsets
+[v, next) is tested at the first opset >= 9 of that range (>= 8 otherwise, else v).
+
+ONNX Runtime 1.19.2 recorded each case (`tests/fixtures/ops/`): the forward with
+`InferenceSession` (graph optimizations off); for the gradient, the float inputs become
+trainable parameters, the loss is `sum_i sum(output_i * W_i)` with random constant `W_i`, ORT's
+gradient builder makes the training model (`generate_artifacts`, or the functions it calls
+where its onnx.checker step rejects ORT's own schemas), and one `onnxruntime.training.api`
+train step gives the loss and the gradients.  `tests/test_op_coverage.py` replays every case
+through this library (the engine's graph cut and converters); **the forward and gradient
+columns below are those test results**, written by the same replay code
+(`tests/op_replay.py`).
+
+Values compare to float32 rounding, `|ours - ort| <= rtol*|ort| + atol*max(1, max|ort|)` with
+rtol 1e-4 and atol 1e-5; integers, booleans and strings exactly; shapes and dtypes always
+exactly; random ops by shape, dtype and their invariants (a dropout output is 0 or
+x/(1-ratio)).  Tolerances are never widened for a case: where float32 results of a deep
+network drift apart chaotically (deep BatchNorm nets, whose outputs move as much when ORT's own
+input moves by one ulp), the comparison is against a float64 replay of the same model instead,
+and where ORT's gradient is wrong (below), against float64 central differences of the forward.
+
+## ORT's gradients that are not the derivative of its forward
+
+Found by this suite and checked against float64 central differences.  Reproduced by default
+(`Module(..., gradients="ort")`, see `ort_torch_compat/graph/gradient_quirks.py`); 
+`gradients="exact"` gives the derivative (tested for every case listed):
+
+{quirks}
+
+Not reproduced (no formula we could match; our gradient is the derivative in both modes,
+tested against central differences):
+
+{wrong}
+
+## Coverage
+
+Columns: *versions*: the schema versions ORT 1.19.2 runs; *opsets*: the model opsets they
+were tested at; *forward* / *gradient*: passing cases out of those compared; "clear error":
+the Module refuses the graph when it is created, naming the op; "ORT: ...": ORT itself cannot
+train any case of the op, so there is no gradient to compare.
+
+| domain | op | versions | opsets | cases | forward | gradient | notes |
+| --- | --- | --- | --- | --- | --- | --- | --- |
+{chr(10).join(rows)}
+
+## Failing and refused cases
+
+{chr(10).join(details) or "None."}
+
+## Ops and versions ORT 1.19.2 does not run (CPU)
+
+| domain | op | versions | what ORT says |
+| --- | --- | --- | --- |
+{chr(10).join(not_run)}
+"""
+    DOC.write_text(text)
 
 
 def main(argv: Optional[Iterable[str]] = None) -> int:

@@ -121,6 +121,9 @@ class Case:
     # Which node outputs are graph outputs (default: all).  ORT's training ops declare outputs
     # that only its gradient nodes read (saved statistics, gate activations): declared, unused.
     graph_outputs: Optional[List[int]] = None
+    # Graph inputs the node does not take directly: its subgraphs read them from the outer
+    # scope (If/Loop/Scan bodies), named cap0, cap1, ...
+    captured: List[In] = field(default_factory=list)
     notes: str = ""
 
 
@@ -394,8 +397,9 @@ def _batch_norm(op: str, version: int) -> List[Case]:
              Case(op, [F(4, 3), s, b, m, v], legacy, "2d_input")]
     if version < 9:
         cases.append(Case(op, [x, s, b, m, v], dict(legacy, spatial=1), "spatial1"))
-    if version >= 14:
-        cases.append(Case(op, [x, s, b, m, v], {"training_mode": 1, "momentum": 0.8}, "training_mode", outputs=3))
+    if version >= 14:  # running-stat outputs declared, as exporters write them, but unused
+        cases.append(Case(op, [x, s, b, m, v], {"training_mode": 1, "momentum": 0.8}, "training_mode", outputs=3,
+                          graph_outputs=[0]))
     return cases
 
 
@@ -405,10 +409,13 @@ def _instance_norm(op: str, version: int) -> List[Case]:
 
 
 def _layer_norm(op: str, version: int) -> List[Case]:
-    return [Case(op, [F(*X), F(4), F(4)], {}, "last_axis"),
-            Case(op, [F(*X), F(3, 4), F(3, 4)], {"axis": 1}, "axis1"),
-            Case(op, [F(*X), F(4)], {"axis": -1, "epsilon": 1e-3}, "no_bias"),
-            Case(op, [F(*X), F(4), F(4)], {}, "with_stats", outputs=3)]
+    # The statistics outputs declared but unused, as in training graphs (ORT's gradient builder
+    # reads them: without, "i < node_->OutputDefs().size()").
+    stats = {"outputs": 3, "graph_outputs": [0]}
+    return [Case(op, [F(*X), F(4), F(4)], {}, "last_axis", **stats),
+            Case(op, [F(*X), F(3, 4), F(3, 4)], {"axis": 1}, "axis1", **stats),
+            Case(op, [F(*X), F(4)], {"axis": -1, "epsilon": 1e-3}, "no_bias", **stats),
+            Case(op, [F(*X), F(4), F(4)], {}, "no_statistics_outputs")]
 
 
 def _group_norm(op: str, version: int) -> List[Case]:
@@ -793,30 +800,35 @@ def _nll(op: str, version: int) -> List[Case]:
 def _rnn(op: str, version: int) -> List[Case]:
     gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
     seq, batch, inp, hid = 3, 2, 4, 5
+    outputs = 3 if op == "LSTM" else 2
 
-    def weights(dirs):
-        return [F(seq, batch, inp), F(dirs, gates * hid, inp), F(dirs, gates * hid, hid), F(dirs, 2 * gates * hid)]
+    def inputs(dirs, lengths=NONE, x_shape=(seq, batch, inp)):
+        """X, W, R, B, sequence_lens, initial_h(, initial_c): exporters write the initial
+        states, and ORT's LSTM/GRU gradient builders need them (without: 'Type ... of input
+        parameter (y0) of operator (LSTMGrad) is invalid', measured)."""
+        states = [F(dirs, batch, hid)] + ([F(dirs, batch, hid)] if op == "LSTM" else [])
+        return [F(*x_shape), F(dirs, gates * hid, inp), F(dirs, gates * hid, hid), F(dirs, 2 * gates * hid), lengths] + states
 
     cases = []
     for direction, dirs in (("forward", 1), ("reverse", 1), ("bidirectional", 2)):
-        attrs = {"hidden_size": hid, "direction": direction}
-        cases.append(Case(op, weights(dirs), attrs, direction, outputs=3 if op == "LSTM" else 2))
-    cases.append(Case(op, weights(1)[:3], {"hidden_size": hid}, "no_bias", outputs=1))
-    init = [F(1, batch, hid)] + ([F(1, batch, hid)] if op == "LSTM" else [])
-    cases.append(Case(op, weights(1) + [NONE] + init, {"hidden_size": hid}, "initial_state", outputs=3 if op == "LSTM" else 2))
-    cases.append(Case(op, weights(1) + [I([3, 3], dtype="int32")], {"hidden_size": hid}, "sequence_lens_full"))
+        cases.append(Case(op, inputs(dirs), {"hidden_size": hid, "direction": direction}, direction, outputs=outputs))
+    cases.append(Case(op, inputs(1)[:3], {"hidden_size": hid}, "no_bias_no_state", outputs=1))
+    cases.append(Case(op, inputs(1)[:4], {"hidden_size": hid}, "no_initial_state", outputs=outputs))
+    cases.append(Case(op, inputs(1, I([3, 3], dtype="int32")), {"hidden_size": hid}, "sequence_lens_full"))
+    cases.append(Case(op, inputs(1, I([3, 2], dtype="int32")), {"hidden_size": hid}, "sequence_lens_varying", outputs=outputs))
+    cases.append(Case(op, inputs(1, I([1, 3], dtype="int32")), {"hidden_size": hid, "direction": "reverse"},
+                      "sequence_lens_reverse", outputs=outputs))
+    cases.append(Case(op, inputs(1), {"hidden_size": hid, "clip": 0.5}, "clip", outputs=outputs))
+    alternative = {"RNN": ["Relu"], "GRU": ["HardSigmoid", "Softsign"], "LSTM": ["HardSigmoid", "Tanh", "Softsign"]}[op]
+    cases.append(Case(op, inputs(1), {"hidden_size": hid, "activations": alternative}, "activations", outputs=outputs))
     if op == "GRU" and version >= 3:
-        cases.append(Case(op, weights(1), {"hidden_size": hid, "linear_before_reset": 1}, "linear_before_reset", outputs=2))
+        cases.append(Case(op, inputs(1), {"hidden_size": hid, "linear_before_reset": 1}, "linear_before_reset",
+                          outputs=outputs))
     if op == "LSTM":
-        cases.append(Case(op, weights(1) + [NONE, NONE, NONE, F(1, 3 * hid)], {"hidden_size": hid}, "peepholes"))
+        cases.append(Case(op, inputs(1) + [F(1, 3 * hid)], {"hidden_size": hid}, "peepholes", outputs=outputs))
     if version >= 14:
-        w = weights(1)
-        w[0] = F(batch, seq, inp)
-        cases.append(Case(op, w, {"hidden_size": hid, "layout": 1}, "layout1", outputs=3 if op == "LSTM" else 2))
-    if version < 7:
-        for case in cases:
-            if op != "GRU" or version < 3:
-                case.attrs.pop("linear_before_reset", None)
+        cases.append(Case(op, inputs(1, x_shape=(batch, seq, inp))[:4], {"hidden_size": hid, "layout": 1}, "layout1",
+                          outputs=outputs))
     return cases
 
 
@@ -869,9 +881,15 @@ def _string_normalizer(op: str, version: int) -> List[Case]:
 
 
 def _tfidf(op: str, version: int) -> List[Case]:
-    return [Case(op, [I([[1, 1, 3, 3, 3, 7], [8, 6, 7, 5, 6, 8]], dtype="int32", role="data")],
-                 {"max_gram_length": 2, "max_skip_count": 0, "min_gram_length": 2, "mode": "TF", "ngram_counts": [0, 4],
-                  "ngram_indexes": [0, 1, 2, 3, 4, 5, 6], "pool_int64s": [2, 3, 5, 4, 5, 6, 7, 8, 6, 7]})]
+    tokens = I([[1, 1, 3, 3, 3, 7], [8, 6, 7, 5, 6, 8]], dtype="int32", role="data")
+    pool = {"ngram_counts": [0, 4], "ngram_indexes": [0, 1, 2, 3, 4, 5, 6], "pool_int64s": [2, 3, 5, 4, 5, 6, 7, 8, 6, 7]}
+    return [Case(op, [tokens], dict(pool, max_gram_length=2, max_skip_count=0, min_gram_length=2, mode="TF"), "bigrams"),
+            Case(op, [tokens], dict(pool, max_gram_length=2, max_skip_count=2, min_gram_length=1, mode="TF"), "skips"),
+            Case(op, [tokens], dict(pool, max_gram_length=2, max_skip_count=0, min_gram_length=1, mode="TFIDF",
+                                    weights=[0.5, 1.0, 2.0, 1.5, 0.25, 3.0, 1.0]), "tfidf"),
+            Case(op, [S(["a", "b", "a", "c"])], {"max_gram_length": 1, "max_skip_count": 0, "min_gram_length": 1, "mode": "IDF",
+                                                 "ngram_counts": [0], "ngram_indexes": [0, 1], "pool_strings": ["a", "c"]},
+                 "strings")]
 
 
 def _regex(op: str, version: int) -> List[Case]:
@@ -987,7 +1005,42 @@ def _follow(op: str, extra: Optional[List[In]] = None, attrs: Optional[dict] = N
     return {"op": op, "extra": list(extra or []), "attrs": dict(attrs or {}), "then": then}
 
 
+def _body(nodes, inputs, outputs):
+    from onnx import helper
+
+    return helper.make_graph(nodes, "body", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+                             [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs])
+
+
 def _control_flow(op: str, version: int) -> List[Case]:
+    from onnx import helper
+
+    FLOAT, INT64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+    if op == "If":  # branches read cap0 from the outer scope
+        then_branch = _body([helper.make_node("Mul", ["cap0", "cap0"], ["t"])], [], [("t", FLOAT, [2, 3])])
+        else_branch = _body([helper.make_node("Neg", ["cap0"], ["e"])], [], [("e", FLOAT, [2, 3])])
+        attrs = {"then_branch": then_branch, "else_branch": else_branch}
+        return [Case(op, [I(True, dtype="bool", role="data")], attrs, "then", captured=[F(2, 3)]),
+                Case(op, [I(False, dtype="bool", role="data")], attrs, "else", captured=[F(2, 3)])]
+    if op == "Loop":  # v <- v * cap0 + iteration, three trips; scan output: every v
+        body = _body([helper.make_node("Mul", ["v_in", "cap0"], ["m"]), helper.make_node("Cast", ["i"], ["fi"], to=FLOAT),
+                      helper.make_node("Add", ["m", "fi"], ["v_out"]), helper.make_node("Identity", ["c_in"], ["c_out"]),
+                      helper.make_node("Identity", ["v_out"], ["s_out"])],
+                     [("i", INT64, []), ("c_in", BOOL, []), ("v_in", FLOAT, [3])],
+                     [("c_out", BOOL, []), ("v_out", FLOAT, [3]), ("s_out", FLOAT, [3])])
+        return [Case(op, [I(3), I(True, dtype="bool"), F(3)], {"body": body}, "trip_count", outputs=2, captured=[F(3)]),
+                Case(op, [I(4), NONE, F(3)], {"body": body}, "no_condition", outputs=2, captured=[F(3)])]
+    if op == "Scan" and version >= 9:  # running sum over the rows; scan output: state * row
+        body = _body([helper.make_node("Add", ["s_in", "x_t"], ["s_out"]), helper.make_node("Mul", ["s_in", "x_t"], ["y_t"])],
+                     [("s_in", FLOAT, [3]), ("x_t", FLOAT, [3])], [("s_out", FLOAT, [3]), ("y_t", FLOAT, [3])])
+        return [Case(op, [F(3), F(4, 3)], {"body": body, "num_scan_inputs": 1}, "rows", outputs=2),
+                Case(op, [F(3), F(4, 3)], {"body": body, "num_scan_inputs": 1, "scan_input_directions": [1],
+                                           "scan_output_directions": [1]}, "reverse", outputs=2),
+                Case(op, [F(3), F(3, 4)], {"body": body, "num_scan_inputs": 1, "scan_input_axes": [1]}, "axis1", outputs=2)]
+    if op == "Scan":  # Scan-8: a batch axis and sequence_lens first
+        body = _body([helper.make_node("Add", ["s_in", "x_t"], ["s_out"]), helper.make_node("Mul", ["s_in", "x_t"], ["y_t"])],
+                     [("s_in", FLOAT, [3]), ("x_t", FLOAT, [3])], [("s_out", FLOAT, [3]), ("y_t", FLOAT, [3])])
+        return [Case(op, [NONE, F(2, 3), F(2, 4, 3)], {"body": body, "num_scan_inputs": 1}, "batched", outputs=2)]
     return [Case(op, [], {}, "subgraph", notes="needs a subgraph attribute")]
 
 
@@ -1106,8 +1159,6 @@ def _contrib() -> List[Case]:
         Case("ConcatTraining", [F(2, 3), F(2, 2)], {"axis": 1}, "with_lengths", outputs=2, domain=MS),
         Case("BatchNormInternal", [F(4, 3, 2, 2), F(3), F(3), F(3, role="const"), P(3, role="const")],
              {"epsilon": 1e-5, "momentum": 0.9, "training_mode": 1}, "training", outputs=5, graph_outputs=[0], domain=MS),
-        Case("BatchNormInternal", [F(4, 3, 2, 2), F(3), F(3), F(3, role="const"), P(3, role="const")],
-             {"epsilon": 1e-5, "momentum": 0.9, "training_mode": 1}, "training_all_outputs", outputs=5, domain=MS),
         Case("SoftmaxCrossEntropyLossInternal", [F(3, 5), I([1, 4, 0])], {"reduction": "mean"}, "mean", outputs=2, domain=MS),
         Case("SoftmaxCrossEntropyLossInternal", [F(3, 5), I([1, 4, 2]), P(5, role="const"), I(2)], {"reduction": "sum"},
              "weighted_ignore", outputs=2, domain=MS),

@@ -14,7 +14,7 @@ import re
 from typing import Dict, List, Sequence
 
 import onnx
-from onnx import defs
+from onnx import defs, numpy_helper
 from onnx2torch.onnx_graph import OnnxGraph
 from torch import fx, nn
 
@@ -22,7 +22,10 @@ from . import converters  # noqa: F401  (registers our converters)
 from .errors import GraphConversionError, UnsupportedOperatorError
 from .fusion import fuse_matmul_bias
 from .options import ConversionOptions, converting_with
+from .converters.strings import STRING_OPS
 from .registry import find_converter, is_ours
+
+NOT_TRAINABLE = "strings cannot be part of a training graph (torch has no string tensors)"
 
 
 class _Constants(nn.Module):
@@ -48,13 +51,15 @@ def _may_return_tuple(domain: str, op_type: str, opset: int) -> bool:
         return False
 
 
-def missing_operators(graph: onnx.GraphProto, opsets: Dict[str, int]) -> List[tuple]:
-    """(domain, op, opset) of every node no converter handles."""
+def missing_operators(graph: onnx.GraphProto, opsets: Dict[str, int], training: bool = False) -> List[tuple]:
+    """(domain, op, opset) of every node no converter handles; in a training graph also the
+    string ops, which run on numpy arrays outside autograd (see NOT_TRAINABLE)."""
     missing = []
     for node in graph.node:
         domain = "" if node.domain == "ai.onnx" else node.domain
         opset = opsets.get(domain, 1)
-        if find_converter(domain, node.op_type, opset) is None:
+        refused = training and not domain and node.op_type in STRING_OPS
+        if refused or find_converter(domain, node.op_type, opset) is None:
             missing.append((domain, node.op_type, opset))
     return missing
 
@@ -66,19 +71,23 @@ def build_graph_module(
     output_names: Sequence[str],
     model_name: str,
     gradients: str = "ort",
+    training: bool = False,
 ) -> fx.GraphModule:
     """Return a GraphModule whose forward takes `input_names` positionally and returns a tuple.
 
     `gradients`: "ort" reproduces ONNX Runtime's gradient quirks, "exact" does not (see
-    gradient_quirks)."""
-    with converting_with(ConversionOptions(gradients=gradients)):
-        return _build(graph, opsets, input_names, output_names, model_name)
+    gradient_quirks).  `training`: the graph is a training model's forward part, where ops
+    that cannot carry gradients are refused when the Module is created."""
+    with converting_with(ConversionOptions(gradients=gradients), opsets):
+        return _build(graph, opsets, input_names, output_names, model_name, training)
 
 
-def _build(graph, opsets, input_names, output_names, model_name) -> fx.GraphModule:
-    missing = missing_operators(graph, opsets)
+def _build(graph: onnx.GraphProto, opsets: Dict[str, int], input_names: Sequence[str], output_names: Sequence[str],
+           model_name: str, training: bool) -> fx.GraphModule:
+    missing = missing_operators(graph, opsets, training)
     if missing:
-        raise UnsupportedOperatorError(model_name, missing)
+        reasons = {key: NOT_TRAINABLE for key in missing if training and not key[0] and key[1] in STRING_OPS}
+        raise UnsupportedOperatorError(model_name, missing, reasons)
 
     fused = onnx.GraphProto()
     fused.CopyFrom(graph)
@@ -99,8 +108,11 @@ def _build(graph, opsets, input_names, output_names, model_name) -> fx.GraphModu
             initializer = onnx_graph.initializers.get(name)
             if initializer is None:
                 raise GraphConversionError(f"{model_name}: value '{name}' is used before it is produced")
-            buffer_name = f"c{len(constants._buffers)}"
-            constants.register_buffer(buffer_name, initializer.to_torch())
+            buffer_name = f"c{len(env)}"
+            if initializer.proto.data_type == onnx.TensorProto.STRING:  # numpy: torch has no strings
+                setattr(constants, buffer_name, numpy_helper.to_array(initializer.proto).astype(str))
+            else:
+                constants.register_buffer(buffer_name, initializer.to_torch())
             env[name] = fx_graph.get_attr(f"constants.{buffer_name}")
         return env[name]
 

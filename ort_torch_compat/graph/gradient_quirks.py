@@ -9,9 +9,12 @@ matches ORT's:
   ratio input, and for Dropout-7/10, the gradient is the identity as it should be.
 - Gelu-20 with approximate="tanh": ORT differentiates the exact (erf) GELU.
 - Clip-1/6 (bounds as attributes): the gradient passes through everywhere, clipped or not.
-- SoftmaxCrossEntropyLoss: nothing flows back through its log_prob output.
+- SoftmaxCrossEntropyLoss: nothing flows back through its log_prob output (reproduced by
+  detaching it).
 - AveragePool with auto_pad=SAME_LOWER: the gradient of SAME_UPPER pooling (padding at the
   end, pads not counted); with dilations: the gradient of the undilated pooling.
+- ScatterElements / ScatterND with a reduction (add, mul, max, min): the gradient of the plain
+  scatter, as if the updates replaced the data.
 
 Under ConversionOptions(gradients="ort"), the default of the drop-in API, converters reproduce
 these with `ort_gradient(value, surrogate)`: the forward is `value`, the backward is the

@@ -1,6 +1,7 @@
-"""Choices, made when a Module is built, that change what a converted graph computes.
+"""Choices, made when a Module is built, that change what a converted graph computes, and the
+model's opsets (which converters of subgraph-carrying ops need to convert their bodies).
 
-They reach the converters through a context variable set by `build_graph_module` for the
+They reach the converters through context variables set by `build_graph_module` for the
 duration of one conversion, so converters keep onnx2torch's `(node, graph)` signature.
 """
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Dict, Iterator
 
 GRADIENT_MODES = ("ort", "exact")
 
@@ -31,15 +32,24 @@ _CURRENT: contextvars.ContextVar[ConversionOptions] = contextvars.ContextVar(
 )
 
 
+_OPSETS: contextvars.ContextVar[Dict[str, int]] = contextvars.ContextVar("ort_torch_compat_opsets", default={})
+
+
 def current() -> ConversionOptions:
     """The options of the conversion in progress (the defaults outside one)."""
     return _CURRENT.get()
 
 
+def current_opsets() -> Dict[str, int]:
+    """The opsets of the model being converted (domain -> version)."""
+    return _OPSETS.get()
+
+
 @contextlib.contextmanager
-def converting_with(options: ConversionOptions) -> Iterator[None]:
-    token = _CURRENT.set(options)
+def converting_with(options: ConversionOptions, opsets: Dict[str, int]) -> Iterator[None]:
+    tokens = _CURRENT.set(options), _OPSETS.set(dict(opsets))
     try:
         yield
     finally:
-        _CURRENT.reset(token)
+        _CURRENT.reset(tokens[0])
+        _OPSETS.reset(tokens[1])

@@ -1,5 +1,6 @@
 """Our converters, registered on import (see ..registry for the lookup order)."""
 from . import (  # noqa: F401
-    activations, casting, convolution, dropout, elementwise, fused, gemm, losses, normalization, pooling, recurrent, reductions,
+    activations, casting, contrib_fusions, control_flow, convolution, dropout, elementwise, fused, gemm, indexing, layout, losses, normalization,
+    norms, padding, pooling, quantization, random, recurrent, reductions, resize, sequences, signal, strings, vision,
     tensor_ops,
 )

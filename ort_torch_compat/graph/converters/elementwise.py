@@ -217,3 +217,8 @@ def _cumsum(node: OnnxNode, graph: OnnxGraph):
 def _scale(node: OnnxNode, graph: OnnxGraph):
     down = bool(node.attributes.get("scale_down", 0))
     return result(Elementwise(lambda x, scale: x / scale if down else x * scale), node)
+
+
+@register("Det", 11)
+def _det(node: OnnxNode, graph: OnnxGraph):
+    return result(Elementwise(torch.linalg.det), node)
