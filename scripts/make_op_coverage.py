@@ -294,7 +294,7 @@ def _artifacts(base: onnx.ModelProto, trainable: List[str], directory: str) -> s
         onnx.save(training, os.path.join(directory, "training_model.onnx"))
         params = graph_utils.get_model_parameters(base, set(trainable), set())
         checkpoint_utils.save_checkpoint(params, os.path.join(directory, "checkpoint"))
-        how = "ORT gradient builder (generate_artifacts' onnx.checker rejects ORT's own schema)"
+        how = "build_gradient_graph"  # generate_artifacts' onnx.checker rejects ORT's own schemas
     path = os.path.join(directory, "training_model.onnx")
     training = onnx.load(path)
     training.ir_version = min(training.ir_version, MAX_IR_VERSION)
@@ -358,7 +358,7 @@ def record_gradient(case: Case, model: onnx.ModelProto, named: Dict[str, np.ndar
             except Exception:  # noqa: BLE001
                 pass
         if not trainable:
-            entry["ort_gradient"] = f"ORT cannot train it: {first_error}"
+            entry["ort_gradient"] = f"ORT cannot train it: {first_error[:200]}"
             return
         how, training, user, loss, grads = attempt(trainable)
     forward = cut_training_forward(training, user, trainable)
@@ -367,8 +367,8 @@ def record_gradient(case: Case, model: onnx.ModelProto, named: Dict[str, np.ndar
     store[f"{key}/loss"] = loss
     for name, grad in grads.items():
         store[f"{key}/grad/{name}"] = grad
-    if feeders:
-        how += "; Mul(p, 1) feeds each parameter (ORT segfaults when it is the op's input itself)"
+    if feeders:  # Mul(p, 1) feeds each parameter: ORT segfaults when it is a pool's input itself
+        how += "+feeders"
     entry.update(ort_gradient="ok", trainable=trainable, train_inputs=user, gradient_builder=how,
                  training_ops=sorted({f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in forward.graph.node}))
 
@@ -421,8 +421,7 @@ def record_case_isolated(case_id: str, case: Case, opsets: Dict[str, int], versi
             entry, store = in_child(run, None)
         except OrtCrash as again:
             entry = {"id": case_id, "op": case.op, "domain": case.domain or "ai.onnx", "version": version,
-                     "opsets": opsets, "variant": case.variant, "ort_forward": str(again), "ort_gradient": "n/a",
-                     "file": f"{case_id.split('-')[0]}.npz"}
+                     "opsets": opsets, "variant": case.variant, "ort_forward": str(again), "ort_gradient": "n/a"}
             return entry, {}
         entry["ort_gradient"] = f"ORT cannot train it: {crash} when building the training Module"
         return entry, store
@@ -437,18 +436,15 @@ def record_case(case_id: str, case: Case, opsets: Dict[str, int], version: int, 
     model, graph_inputs, named = build_model(case, opsets, values, chain_values, captured_values)
     entry = {
         "id": case_id, "op": case.op, "domain": case.domain or "ai.onnx", "version": version, "opsets": opsets,
-        "variant": case.variant, "attrs": {k: (v if isinstance(v, (int, float, str, list)) else str(type(v).__name__))
-                                           for k, v in case.attrs.items()},
-        "inputs": [f"x{i}" if v is not None else "" for i, v in enumerate(values)], "graph_inputs": graph_inputs,
-        "stochastic": case.stochastic, "rtol": case.rtol, "atol": case.atol, "notes": case.notes,
-        "file": f"{case_id.split('-')[0]}.npz",
+        "variant": case.variant, "inputs": [f"x{i}" if v is not None else "" for i, v in enumerate(values)],
+        "graph_inputs": graph_inputs, "stochastic": case.stochastic, "rtol": case.rtol, "atol": case.atol,
     }
     feeds = {name: named[name] for name in graph_inputs}
     try:
         results = ort_forward(model, feeds)
     except Exception as error:  # noqa: BLE001
         message = _short(error)
-        entry["ort_forward"] = "no kernel" if NO_KERNEL in message else f"ORT error: {message}"
+        entry["ort_forward"] = "no kernel" if NO_KERNEL in message else f"ORT error: {message[:200]}"
         entry["ort_gradient"] = "n/a: ORT does not run the forward"
         return entry
     set_output_types(model, results)
@@ -490,10 +486,10 @@ def record(only: Optional[str]) -> None:
     for count, (case_id, case, opsets, version) in enumerate(selected, 1):
         entry, store = record_case_isolated(case_id, case, opsets, version)
         entries.append(entry)
-        stores[entry["file"]].update(store)
+        stores[op_replay.fixture_file(entry)].update(store)
         print(f"[{count}/{len(selected)}] {case_id}: forward {entry['ort_forward']}; gradient {entry['ort_gradient'][:80]}",
               flush=True)
-    for name in {entry["file"] for entry in entries}:
+    for name in {op_replay.fixture_file(entry) for entry in entries}:
         path = FIXTURES / name
         merged = {}
         if only and path.exists():

@@ -1041,7 +1041,12 @@ def _control_flow(op: str, version: int) -> List[Case]:
         body = _body([helper.make_node("Add", ["s_in", "x_t"], ["s_out"]), helper.make_node("Mul", ["s_in", "x_t"], ["y_t"])],
                      [("s_in", FLOAT, [3]), ("x_t", FLOAT, [3])], [("s_out", FLOAT, [3]), ("y_t", FLOAT, [3])])
         return [Case(op, [NONE, F(2, 3), F(2, 4, 3)], {"body": body, "num_scan_inputs": 1}, "batched", outputs=2)]
-    return [Case(op, [], {}, "subgraph", notes="needs a subgraph attribute")]
+    if op == "SequenceMap":  # each row of a split, squared, concatenated back
+        body = _body([helper.make_node("Mul", ["row", "row"], ["squared"])], [("row", FLOAT, [1, 3])],
+                     [("squared", FLOAT, [1, 3])])
+        return [Case("SplitToSequence", [F(4, 3)], {"axis": 0}, "square_rows",
+                     chain=_follow("SequenceMap", attrs={"body": body}, then=("ConcatFromSequence", {"axis": 0})))]
+    raise KeyError(op)
 
 
 # op -> recipe(op, version)

@@ -88,15 +88,20 @@ def load_manifest(path: pathlib.Path = MANIFEST) -> List[dict]:
     return json.loads(path.read_text())["cases"]
 
 
+def fixture_file(case: dict) -> str:
+    """The .npz holding a case's arrays: one per op ('domain.Op.npz')."""
+    return case["id"].split("-", 1)[0] + ".npz"
+
+
 class Arrays:
-    """Lazy access to the per-op .npz files named by the manifest."""
+    """Lazy access to the per-op .npz files of the manifest's cases."""
 
     def __init__(self, directory: pathlib.Path = FIXTURES):
         self.directory = directory
         self._open: Dict[str, Mapping[str, np.ndarray]] = {}
 
     def __call__(self, case: dict) -> Mapping[str, np.ndarray]:
-        name = case["file"]
+        name = fixture_file(case)
         if name not in self._open:
             self._open[name] = dict(np.load(self.directory / name, allow_pickle=False))
         return self._open[name]

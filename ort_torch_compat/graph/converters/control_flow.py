@@ -1,4 +1,4 @@
-"""If, Loop and Scan: their bodies are converted like any graph (graph.builder) and run by a
+"""If, Loop, Scan and SequenceMap: their bodies are converted like any graph (graph.builder) and run by a
 Python loop or branch.  A body may read values of the enclosing graph by name: those become
 extra inputs of the node here, fed from the outer scope."""
 from __future__ import annotations
@@ -183,3 +183,30 @@ def _scan(batched: bool):
 
 register("Scan", 8)(_scan(batched=True))
 register("Scan", 9, 11, 16, 19, 21)(_scan(batched=False))
+
+
+class SequenceMap(OnnxModule):
+    """The body applied to the i-th element of every sequence input (tensor inputs as they
+    are); each body output collected into a sequence."""
+
+    def __init__(self, body, inputs: int, outputs: int):
+        super().__init__()
+        self.body, self.inputs, self.outputs = body, inputs, outputs
+
+    def forward(self, *values):
+        mapped, outer = values[:self.inputs], values[self.inputs:]
+        count = len(mapped[0])
+        collected: List[List[torch.Tensor]] = [[] for _ in range(self.outputs)]
+        for i in range(count):
+            args = [v[i] if isinstance(v, list) else v for v in mapped]
+            for k, out in enumerate(self.body(*args, *outer)):
+                collected[k].append(out)
+        return collected[0] if self.outputs == 1 else tuple(collected)
+
+
+@register("SequenceMap", 17)
+def _sequence_map(node: OnnxNode, graph: OnnxGraph):
+    body = _graph_attribute(node, "body")
+    outer = outer_names(body)
+    module = SequenceMap(_body(body, outer, f"{node.name} body"), len(node.input_values), len(node.output_values))
+    return result(module, node, list(node.input_values) + outer)
