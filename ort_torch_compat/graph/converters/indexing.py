@@ -187,9 +187,9 @@ class Unique(OnnxModule):
     """ONNX Unique: values (sorted, or in order of first occurrence), the index of each first
     occurrence, the inverse indices and the counts."""
 
-    def __init__(self, axis, sorted_: bool):
+    def __init__(self, axis, sorted_: bool, outputs: int):
         super().__init__()
-        self.axis, self.sorted = axis, sorted_
+        self.axis, self.sorted, self.outputs = axis, sorted_, outputs
 
     def forward(self, x: torch.Tensor):
         flat = x.reshape(-1) if self.axis is None else x.movedim(self.axis % x.dim(), 0)
@@ -208,14 +208,14 @@ class Unique(OnnxModule):
             values = values.movedim(0, self.axis % x.dim())
         else:
             values = values.reshape(-1)
-        return values, first, inverse, counts
+        return values if self.outputs == 1 else (values, first, inverse, counts)[: self.outputs]
 
 
 @register("Unique", 11)
 def _unique(node: OnnxNode, graph: OnnxGraph):
     a = node.attributes
     axis = a.get("axis")
-    return result(Unique(None if axis is None else int(axis), bool(a.get("sorted", 1))), node)
+    return result(Unique(None if axis is None else int(axis), bool(a.get("sorted", 1)), len(node.output_values)), node)
 
 
 class Trilu(OnnxModule):

@@ -92,18 +92,17 @@ class Pool(OnnxModule):
         extra = [max(0, (o - 1) * s + (k - 1) * d + 1 - (size + b + e))
                  for o, s, k, d, size, b, e in zip(outs, strides, self.kernel, dilations, x.shape[2:], begins, ends)]
         symmetric = begins == ends and all(2 * b <= k for b, k in zip(begins, self.kernel))
-        if symmetric and not any(extra):
+        if symmetric and not any(extra):  # torch pads itself; its indices count input positions
             y, indices = _MAX[rank](x, self.kernel, strides, begins, dilations, False, True)
-            offset = [0] * rank
-        else:
-            padded = F.pad(x, torch_pad_order(list(begins) + [e + x_ for e, x_ in zip(ends, extra)]), value=float("-inf"))
+            padded_shape, offset = None, [0] * rank
+        else:  # pad with -inf ourselves; indices count positions of the padded tensor
+            ends = [e + more for e, more in zip(ends, extra)]
+            padded = F.pad(x, torch_pad_order(list(begins) + ends), value=float("-inf"))
             y, indices = _MAX[rank](padded, self.kernel, strides, 0, dilations, False, True)
-            offset = list(begins)
+            padded_shape, offset = list(padded.shape[2:]), list(begins)
         if not self.with_indices:
             return y
-        return y, self._onnx_indices(indices, x.shape, padded_shape=None if not any(offset) and symmetric and not any(extra)
-                                     else [s + b + e + x_ for s, b, e, x_ in zip(x.shape[2:], begins, ends, extra)],
-                                     offset=offset)
+        return y, self._onnx_indices(indices, x.shape, padded_shape, offset)
 
     def _onnx_indices(self, indices: torch.Tensor, shape, padded_shape: Optional[List[int]], offset: List[int]):
         """torch's per-channel flat index (into the padded tensor) -> ONNX's index into the input

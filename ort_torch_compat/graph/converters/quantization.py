@@ -71,18 +71,23 @@ def _dequantize(node: OnnxNode, graph: OnnxGraph):
 
 
 class DynamicQuantizeLinear(OnnxModule):
+    def __init__(self, outputs: int):
+        super().__init__()
+        self.outputs = outputs
+
     def forward(self, x: torch.Tensor):
         low = torch.clamp(x.min(), max=0.0)
         high = torch.clamp(x.max(), min=0.0)
         scale = (high - low) / 255.0
         zero_point = torch.clamp(torch.round(-low / scale), 0, 255)
         y = torch.clamp(torch.round(x / scale) + zero_point, 0, 255)
-        return y.to(torch.uint8), scale, zero_point.to(torch.uint8)
+        values = (y.to(torch.uint8), scale, zero_point.to(torch.uint8))[: self.outputs]
+        return values[0] if self.outputs == 1 else values
 
 
 @register("DynamicQuantizeLinear", 11)
 def _dynamic_quantize(node: OnnxNode, graph: OnnxGraph):
-    return result(DynamicQuantizeLinear(), node)
+    return result(DynamicQuantizeLinear(len(node.output_values)), node)
 
 
 def _centered(value: torch.Tensor, zero_point: torch.Tensor = None) -> torch.Tensor:
