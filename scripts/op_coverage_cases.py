@@ -1177,6 +1177,10 @@ def _contrib() -> List[Case]:
         Case("Scale", [F(*X), Fv([2.5])], {}, "multiply", domain=MS),
         Case("Scale", [F(*X), Fv([2.0])], {"scale_down": 1}, "divide", domain=MS),
         Case("FakeQuant", [F(*X), Fv(0.1), Fv(128.0)], {"quant_min": 0, "quant_max": 255}, "uint8", outputs=2, domain=MS),
+        # what IsInfReduceSumFusion writes (mixed-precision loss scaling), and the CUDA dropouts
+        Case("IsAllFinite", [F(*X), F(3)], {}, "default", domain=MS),
+        Case("BitmaskDropout", [F(*X), Fv(0.3)], {}, "no_training_mode", outputs=2, domain=MS),
+        Case("BitmaskBiasDropout", [F(*X), F(4), F(*X), Fv(0.3)], {}, "no_training_mode", outputs=2, domain=MS),
     ]
     return out
 

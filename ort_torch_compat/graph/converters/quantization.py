@@ -6,7 +6,6 @@ float64, exact for int8/uint8 operands, then cast to int32."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result

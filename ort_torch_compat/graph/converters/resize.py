@@ -9,7 +9,7 @@ floor-nearest, as ONNX Runtime does for them.
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
