@@ -479,8 +479,14 @@ def record(only: Optional[str]) -> None:
     onnxruntime.set_default_logger_severity(3)
     FIXTURES.mkdir(parents=True, exist_ok=True)
     selected = enumerate_cases(only)
-    selected_ids = {case_id for case_id, *_rest in selected}
-    kept = [case for case in op_replay.load_manifest() if case["id"] not in selected_ids] \
+    current = {case_id for case_id, *_rest in enumerate_cases(None)}
+    pattern = re.compile(only) if only else None
+
+    def replaced(case_id: str) -> bool:
+        """Re-recorded now, or no longer a case."""
+        return pattern is None or bool(pattern.search(case_id)) or case_id not in current
+
+    kept = [case for case in op_replay.load_manifest() if not replaced(case["id"])] \
         if only and op_replay.MANIFEST.exists() else []
     entries, stores = [], defaultdict(dict)
     for count, (case_id, case, opsets, version) in enumerate(selected, 1):
@@ -493,7 +499,7 @@ def record(only: Optional[str]) -> None:
         path = FIXTURES / name
         merged = {}
         if only and path.exists():
-            merged = {k: v for k, v in np.load(path, allow_pickle=False).items() if k.split("/")[0] not in selected_ids}
+            merged = {k: v for k, v in np.load(path, allow_pickle=False).items() if not replaced(k.split("/")[0])}
         merged.update(stores[name])
         if merged:
             np.savez_compressed(path, **merged)
@@ -574,7 +580,9 @@ def write_doc(results) -> None:
         if skipped:
             notes.append(f"ORT 1.19.2 does not run version {', '.join(map(str, skipped))}")
         if gradient and not gradient.startswith("ORT:") and not_trained:
-            notes.append("not trained by ORT: " + "; ".join(c["variant"] for c, _, g in run if g.status == "none")[:160])
+            variants = sorted({c["variant"] for c, _, g in run if g.status == "none"})
+            listed = ", ".join(variants) if len(variants) <= 6 else ", ".join(variants[:6]) + f" and {len(variants) - 6} more"
+            notes.append(f"ORT cannot train {listed} ({'; '.join(not_trained)[:120]})")
         for table, label in ((op_replay.ORT_GRADIENT_QUIRKS, "ORT gradient quirk, reproduced"),
                              (op_replay.ORT_GRADIENT_WRONG, "ORT's gradient is wrong, ours checked against finite differences"),
                              (op_replay.OTHER_BRANCH, "fixed on the real-architecture branch")):
