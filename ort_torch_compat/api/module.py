@@ -17,6 +17,9 @@ class Module:
 
     `device` is "cpu", "cuda" or "cuda:N".  `session_options` is accepted for signature
     compatibility; ORT's session options have no meaning for the torch engine.
+    `gradients` (keyword only, not in ORT's API): "ort" (default) gives ONNX Runtime 1.19.2's
+    gradients, quirks included (an inactive Dropout with a ratio input scales its gradient by
+    1/(1 - ratio)); "exact" gives the derivative of what the forward computes.
     Inputs may be numpy arrays (outputs come back as numpy), OrtValues (outputs are
     OrtValues of the same class: onnxruntime's for onnxruntime's, ours for ours) or torch
     tensors (outputs are torch tensors on the module's device: the zero-copy path).
@@ -30,6 +33,8 @@ class Module:
         eval_model_uri: Optional[PathOrBytes] = None,
         device: str = "cpu",
         session_options: object = None,
+        *,
+        gradients: str = "ort",
     ) -> None:
         if not isinstance(state, CheckpointState):
             raise TypeError(f"state must be a CheckpointState, got {type(state).__name__}")
@@ -41,6 +46,7 @@ class Module:
             train_model_uri if isinstance(train_model_uri, bytes) else os.fspath(train_model_uri),
             None if eval_model_uri is None else (eval_model_uri if isinstance(eval_model_uri, bytes) else os.fspath(eval_model_uri)),
             device,
+            gradients,
         )
 
     def __call__(self, *user_inputs):

@@ -20,14 +20,14 @@ from .model_io import opset_map
 from .training_graph import GraphIO
 
 
-def build_module(model: onnx.ModelProto, io: GraphIO, label: str,
-                 fed_names: Optional[Sequence[str]] = None) -> torch.nn.Module:
+def build_module(model: onnx.ModelProto, io: GraphIO, label: str, fed_names: Optional[Sequence[str]] = None,
+                 gradients: str = "ort", training: bool = False) -> torch.nn.Module:
     """A module whose forward takes `io`'s user inputs (or `fed_names`, the values fed in
     their place, such as the outputs of string Casts run on the host) then its parameters
-    and returns `io.outputs`."""
+    and returns `io.outputs`.  `gradients` and `training`: see `graph.build_graph_module`."""
     input_names = list(names(io.user_inputs) if fed_names is None else fed_names) + io.param_names()
     graph = forward_graph(model, io.outputs, input_names, label)
-    return build_graph_module(graph, opset_map(model), input_names, io.outputs, label)
+    return build_graph_module(graph, opset_map(model), input_names, io.outputs, label, gradients, training)
 
 
 def io_for_outputs(model: onnx.ModelProto, io: GraphIO, outputs: Sequence[str], label: str) -> GraphIO:

@@ -14,6 +14,7 @@ import onnx
 import torch
 
 from ..errors import InvalidInputError, ModelLoadError, NominalStateError
+from ..graph import GRADIENT_MODES
 from .device import parse_device
 from .graph_module import build_module
 from .host_allocator import tune_host_allocator
@@ -36,7 +37,12 @@ LOAD_HINT = "Load them with module.copy_buffer_to_parameters(buffer, trainable_o
 
 
 class TrainingEngine:
-    """Forward/backward/eval over a TrainingState on one device."""
+    """Forward/backward/eval over a TrainingState on one device.
+
+    `gradients`: "ort" (default) reproduces ONNX Runtime 1.19.2's gradients where they differ
+    from the derivative of its own forward (inactive Dropout with a ratio input scales by
+    1/(1 - ratio), and the others in graph.gradient_quirks); "exact" differentiates the forward.
+    """
 
     def __init__(
         self,
@@ -44,23 +50,26 @@ class TrainingEngine:
         train_model: ModelSource,
         eval_model: Optional[ModelSource] = None,
         device: str = "cpu",
+        gradients: str = "ort",
     ):
         label = f"training model {describe(train_model, 'training model')}"
         proto = load_model(train_model, "training model")
-        self._setup(state, proto, training_io(proto, state, label), label, eval_model, device)
+        self._setup(state, proto, training_io(proto, state, label), label, eval_model, device, gradients)
 
     @classmethod
     def over_graph(cls, state: TrainingState, model: onnx.ModelProto, io: GraphIO, label: str,
-                   device: str = "cpu") -> "TrainingEngine":
+                   device: str = "cpu", gradients: str = "ort") -> "TrainingEngine":
         """An engine over any model whose inputs `io` already classifies (`io.outputs[0]` is the
         loss), with no eval model: the entry point for models that are not ORT training
         artifacts, such as the legacy session's loss-in-graph model (see `loss_model.py`)."""
         engine = cls.__new__(cls)
-        engine._setup(state, model, io, label, None, device)
+        engine._setup(state, model, io, label, None, device, gradients)
         return engine
 
     def _setup(self, state: TrainingState, train_proto: onnx.ModelProto, train_io: GraphIO, train_label: str,
-               eval_model: Optional[ModelSource], device: str) -> None:
+               eval_model: Optional[ModelSource], device: str, gradients: str) -> None:
+        if gradients not in GRADIENT_MODES:
+            raise ValueError(f"gradients must be one of {GRADIENT_MODES}, got {gradients!r}")
         self.state = state
         self.device = parse_device(device)
         tune_host_allocator()
@@ -70,7 +79,7 @@ class TrainingEngine:
         shapes = check_parameter_types(self.train_io, state, self.train_label)
         self.train_strings = StringCasts(train_proto, self.train_io.user_inputs, self.train_label)
         self.train_module = build_module(self.train_strings.model, self.train_io, self.train_label,
-                                         self.train_strings.fed_names).to(self.device).train()
+                                         self.train_strings.fed_names, gradients, training=True).to(self.device).train()
 
         self.eval_source = eval_model
         self.eval_io: Optional[GraphIO] = None
@@ -85,7 +94,7 @@ class TrainingEngine:
             check_parameter_types(self.eval_io, state, eval_label)
             self.eval_strings = StringCasts(eval_proto, self.eval_io.user_inputs, eval_label)
             self.eval_module = build_module(self.eval_strings.model, self.eval_io, eval_label,
-                                            self.eval_strings.fed_names).to(self.device).eval()
+                                            self.eval_strings.fed_names, gradients).to(self.device).eval()
 
         self.store = ParameterStore(state, self.train_io.param_names(), shapes, self.device)
         self._train_params = [state.parameters[n].tensor for n in self.train_io.param_names()]

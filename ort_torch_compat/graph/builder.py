@@ -14,14 +14,18 @@ import re
 from typing import Dict, List, Sequence, Tuple
 
 import onnx
-from onnx import defs
+from onnx import defs, numpy_helper
 from onnx2torch.onnx_graph import OnnxGraph
 from torch import fx, nn
 
 from . import converters  # noqa: F401  (registers our converters)
 from .errors import GraphConversionError, UnsupportedOperatorError
 from .fusion import fuse_matmul_bias
+from .options import ConversionOptions, converting_with
+from .converters.strings import STRING_OPS
 from .registry import find_converter, is_ours
+
+NOT_TRAINABLE = "strings cannot be part of a training graph (torch has no string tensors)"
 
 
 class _Constants(nn.Module):
@@ -66,13 +70,16 @@ class _Lookups:
         return found
 
 
-def missing_operators(graph: onnx.GraphProto, opsets: Dict[str, int], lookups: "_Lookups" = None) -> List[tuple]:
-    """(domain, op, opset) of every node no converter handles."""
+def missing_operators(graph: onnx.GraphProto, opsets: Dict[str, int], training: bool = False,
+                      lookups: "_Lookups" = None) -> List[tuple]:
+    """(domain, op, opset) of every node no converter handles; in a training graph also the
+    string ops, which run on numpy arrays outside autograd (see NOT_TRAINABLE)."""
     lookups = lookups or _Lookups(opsets)
     missing = []
     for node in graph.node:
-        if lookups(node.domain, node.op_type)[0] is None:
-            domain = "" if node.domain == "ai.onnx" else node.domain
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        refused = training and not domain and node.op_type in STRING_OPS
+        if refused or lookups(node.domain, node.op_type)[0] is None:
             missing.append((domain, node.op_type, opsets.get(domain, 1)))
     return missing
 
@@ -83,12 +90,25 @@ def build_graph_module(
     input_names: Sequence[str],
     output_names: Sequence[str],
     model_name: str,
+    gradients: str = "ort",
+    training: bool = False,
 ) -> fx.GraphModule:
-    """Return a GraphModule whose forward takes `input_names` positionally and returns a tuple."""
+    """Return a GraphModule whose forward takes `input_names` positionally and returns a tuple.
+
+    `gradients`: "ort" reproduces ONNX Runtime's gradient quirks, "exact" does not (see
+    gradient_quirks).  `training`: the graph is a training model's forward part, where ops
+    that cannot carry gradients are refused when the Module is created."""
+    with converting_with(ConversionOptions(gradients=gradients), opsets):
+        return _build(graph, opsets, input_names, output_names, model_name, training)
+
+
+def _build(graph: onnx.GraphProto, opsets: Dict[str, int], input_names: Sequence[str], output_names: Sequence[str],
+           model_name: str, training: bool) -> fx.GraphModule:
     lookups = _Lookups(opsets)
-    missing = missing_operators(graph, opsets, lookups)
+    missing = missing_operators(graph, opsets, training, lookups)
     if missing:
-        raise UnsupportedOperatorError(model_name, missing)
+        reasons = {key: NOT_TRAINABLE for key in missing if training and not key[0] and key[1] in STRING_OPS}
+        raise UnsupportedOperatorError(model_name, missing, reasons)
 
     fused = onnx.GraphProto(name=graph.name)  # the graph without copying its nodes twice
     for field in ("input", "output", "initializer", "value_info", "sparse_initializer"):
@@ -109,8 +129,11 @@ def build_graph_module(
             initializer = onnx_graph.initializers.get(name)
             if initializer is None:
                 raise GraphConversionError(f"{model_name}: value '{name}' is used before it is produced")
-            buffer_name = f"c{len(constants._buffers)}"
-            constants.register_buffer(buffer_name, initializer.to_torch())
+            buffer_name = f"c{len(env)}"
+            if initializer.proto.data_type == onnx.TensorProto.STRING:  # numpy: torch has no strings
+                setattr(constants, buffer_name, numpy_helper.to_array(initializer.proto).astype(str))
+            else:
+                constants.register_buffer(buffer_name, initializer.to_torch())
             env[name] = fx_graph.get_attr(f"constants.{buffer_name}")
         return env[name]
 

@@ -4,19 +4,23 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..gradient_quirks import ort_gradient, reproduce_ort_gradients
 from ..registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
 
 class Gelu(OnnxModule):
-    def __init__(self, approximate: str = "none"):
+    def __init__(self, approximate: str = "none", ort_erf_gradient: bool = False):
         super().__init__()
-        self.approximate = approximate
+        self.approximate, self.ort_erf_gradient = approximate, ort_erf_gradient
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor = None) -> torch.Tensor:
         if bias is not None:
             x = x + bias
-        return F.gelu(x, approximate=self.approximate)
+        y = F.gelu(x, approximate=self.approximate)
+        if self.ort_erf_gradient:  # ORT differentiates erf GELU here (..gradient_quirks)
+            return ort_gradient(y, F.gelu(x))
+        return y
 
 
 class QuickGelu(OnnxModule):
@@ -34,7 +38,8 @@ class QuickGelu(OnnxModule):
 
 @register("Gelu", 20)
 def _gelu20(node: OnnxNode, graph: OnnxGraph):
-    return result(Gelu(node.attributes.get("approximate", "none")), node)
+    approximate = node.attributes.get("approximate", "none")
+    return result(Gelu(approximate, ort_erf_gradient=approximate == "tanh" and reproduce_ort_gradients()), node)
 
 
 @register("Gelu", 1, domain="com.microsoft")

@@ -2,49 +2,74 @@
 
 ORT's training graph keeps the exported (constant) training_mode input and the eval model
 blanks it, so the graph itself says whether dropout is active; onnx2torch ignores it.
+Inactive dropout is the identity forward; its gradient is ORT's (see ..gradient_quirks) when
+the conversion reproduces ORT's gradients.  The optional mask output is True where an element
+was kept: all True when inactive, but all False from ORT's inference-only Dropout-7/10 kernels
+(measured), whose mask has the input's type before opset 10.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from ..gradient_quirks import ort_gradient, reproduce_ort_gradients
 from ..registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, result
 
 
-class Dropout(OnnxModule):
-    def __init__(self, ratio, training):
-        super().__init__()
-        self.ratio, self.training_mode = ratio, training
+def _scalar(value, default):
+    if value is None:
+        return default
+    return value[0] if isinstance(value, list) else value
 
-    def forward(self, x: torch.Tensor, ratio=None, training_mode=None) -> torch.Tensor:
+
+class Dropout(OnnxModule):
+    def __init__(self, ratio: float, training: bool, with_mask: bool, mask_dtype: torch.dtype, ort_scaled_grad: bool,
+                 legacy: bool = False):
+        super().__init__()
+        self.legacy = legacy
+        self.ratio, self.training_mode = ratio, training
+        self.with_mask, self.mask_dtype, self.ort_scaled_grad = with_mask, mask_dtype, ort_scaled_grad
+
+    def forward(self, x: torch.Tensor, ratio: torch.Tensor = None, training_mode: torch.Tensor = None):
         active = self.training_mode if training_mode is None else bool(training_mode)
         p = self.ratio if ratio is None else float(ratio)
-        if not active or p == 0.0:
-            return x
-        return F.dropout(x, p, True)
+        if active and p > 0.0:
+            keep = torch.rand_like(x) >= p
+            y = x * keep / (1.0 - p)
+        else:  # ORT's inference-only legacy kernels (7, 10) return an all-False mask
+            keep = torch.full_like(x, self.legacy is False, dtype=torch.bool)
+            y = ort_gradient(x, x / (1.0 - p)) if (self.ort_scaled_grad and p < 1.0) else x
+        if self.with_mask:
+            return y, keep.to(self.mask_dtype or x.dtype)
+        return y
 
 
-@register("Dropout", 12, 13, 22)
-def _dropout(node: OnnxNode, graph: OnnxGraph):
-    if len(node.output_values) > 1:
-        raise NotImplementedError("Dropout with the mask output in use")
+def _opset12(node: OnnxNode, graph: OnnxGraph):
     ratio = constant_or_none(node, graph, 1)
     training = constant_or_none(node, graph, 2)
-    inputs = list(node.input_values[:1])
-    dynamic = [i for i in (1, 2) if i < len(node.input_values) and node.input_values[i]
-               and constant_or_none(node, graph, i) is None]
-    if dynamic:  # a value computed at run time: feed it
-        inputs = list(node.input_values[: max(dynamic) + 1])
-        inputs = [name if (i == 0 or i in dynamic) else "" for i, name in enumerate(inputs)]
-    ratio_value = 0.5 if ratio is None else float(ratio if not isinstance(ratio, list) else ratio[0])
-    training_value = False if training is None else bool(training if not isinstance(training, list) else training[0])
-    return result(Dropout(ratio_value, training_value), node, inputs)
+    present = [i < len(node.input_values) and bool(node.input_values[i]) for i in (1, 2)]
+    inputs = [node.input_values[0]] + [
+        node.input_values[i] if present[i - 1] and constant_or_none(node, graph, i) is None else "" for i in (1, 2)
+    ]
+    while inputs[-1] == "":
+        inputs.pop()
+    # ORT's DropoutGrad scales by 1/(1 - ratio) even when inactive, but only when the node has a
+    # ratio input (measured; without one the gradient is the identity).
+    module = Dropout(float(_scalar(ratio, 0.5)), bool(_scalar(training, False)), len(node.output_values) > 1,
+                     torch.bool, ort_scaled_grad=present[0] and reproduce_ort_gradients())
+    return result(module, node, inputs)
 
 
-@register("Dropout", 7, 10)
-def _dropout_old(node: OnnxNode, graph: OnnxGraph):
+def _legacy(mask_dtype):
     """Before opset 12 the graph has no training flag: ORT treats these as inference-only."""
-    if len(node.output_values) > 1:
-        raise NotImplementedError("Dropout with the mask output in use")
-    return result(Dropout(float(node.attributes.get("ratio", 0.5)), False), node, node.input_values[:1])
+
+    def convert(node: OnnxNode, graph: OnnxGraph):
+        module = Dropout(float(node.attributes.get("ratio", 0.5)), False, len(node.output_values) > 1, mask_dtype,
+                         ort_scaled_grad=False, legacy=True)
+        return result(module, node, node.input_values[:1])
+    return convert
+
+
+register("Dropout", 12, 13, 22)(_opset12)
+register("Dropout", 10)(_legacy(torch.bool))
+register("Dropout", 7)(_legacy(None))

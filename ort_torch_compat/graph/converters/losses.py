@@ -16,8 +16,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..gradient_quirks import reproduce_ort_gradients
 from ..registry import register
-from ._common import OnnxGraph, OnnxModule, OnnxNode, result
+from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, result
 
 #: Passed to torch when no label is to be ignored: no int64 label equals it in practice.
 _NO_LABEL = -(2**63)
@@ -30,6 +31,8 @@ class NllLoss(OnnxModule):
         if ignore_index is None:
             ignore_index = -1 if with_softmax else _NO_LABEL
         self.ignore_index = int(ignore_index)
+        # ORT's SoftmaxCrossEntropyLossGrad ignores gradients arriving through log_prob
+        self.ort_detached_log_prob = log_prob_out and with_softmax and reproduce_ort_gradients()
 
     def forward(self, scores: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor = None):
         log_prob = F.log_softmax(scores, dim=1) if self.with_softmax else scores
@@ -45,7 +48,7 @@ class NllLoss(OnnxModule):
                 f"{self.ignore_index} ({error})"
             ) from error
         if self.log_prob_out:
-            return loss, log_prob
+            return loss, (log_prob.detach() if self.ort_detached_log_prob else log_prob)
         return loss
 
     def _mean_or_zero(self, log_prob: torch.Tensor, labels: torch.Tensor, weights) -> torch.Tensor:
@@ -70,3 +73,14 @@ def _loss(op_type: str, with_softmax: bool):
 
 register("SoftmaxCrossEntropyLoss", 12, 13)(_loss("SoftmaxCrossEntropyLoss", True))
 register("NegativeLogLikelihoodLoss", 12, 13, 22)(_loss("NegativeLogLikelihoodLoss", False))
+
+
+@register("SoftmaxCrossEntropyLossInternal", 1, domain="com.microsoft")
+def _sce_internal(node: OnnxNode, graph: OnnxGraph):
+    """ORT's fused loss (SoftmaxCrossEntropyLossInternalFusion): ignore_index is an input."""
+    ignore_index = constant_or_none(node, graph, 3)
+    if len(node.input_values) > 3 and node.input_values[3] and ignore_index is None:
+        raise NotImplementedError("SoftmaxCrossEntropyLossInternal with an ignore_index computed at run time")
+    module = NllLoss("SoftmaxCrossEntropyLossInternal", node.attributes.get("reduction", "mean"), ignore_index, True,
+                     len(node.output_values) > 1)
+    return result(module, node, node.input_values[:3])

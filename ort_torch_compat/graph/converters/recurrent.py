@@ -1,107 +1,184 @@
-"""ONNX LSTM / GRU (and ORT's LSTMTraining / GRUTraining, same forward) as explicit
+"""ONNX RNN / LSTM / GRU (and ORT's LSTMTraining / GRUTraining, same forward) as explicit
 time loops over the ONNX gate layout (LSTM: i,o,f,c; GRU: z,r,h), so weights stay the
-checkpoint's tensors and autograd sees exactly ONNX's equations."""
+checkpoint's tensors and autograd sees exactly ONNX's equations: activations and their
+alpha/beta, clip, input_forget, LSTM peepholes, per-batch sequence_lens (steps past a
+sequence's length give zeros in Y and leave its state unchanged)."""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Callable, List, Optional, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from ..registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
+_DEFAULT_ACTIVATIONS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
+_GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+
+
+def _activation(name: str, alpha: Optional[float], beta: Optional[float]) -> Callable:
+    name = name.lower()
+    if name == "sigmoid":
+        return torch.sigmoid
+    if name == "tanh":
+        return torch.tanh
+    if name == "relu":
+        return torch.relu
+    if name == "leakyrelu":
+        return lambda x: F.leaky_relu(x, 0.01 if alpha is None else alpha)
+    if name == "thresholdedrelu":
+        return lambda x: torch.where(x > (1.0 if alpha is None else alpha), x, torch.zeros_like(x))
+    if name == "scaledtanh":
+        return lambda x: (1.0 if alpha is None else alpha) * torch.tanh((1.0 if beta is None else beta) * x)
+    if name == "hardsigmoid":
+        return lambda x: ((0.2 if alpha is None else alpha) * x + (0.5 if beta is None else beta)).clamp(0, 1)
+    if name == "elu":
+        return lambda x: F.elu(x, 1.0 if alpha is None else alpha)
+    if name == "softsign":
+        return F.softsign
+    if name == "softplus":
+        return F.softplus
+    if name == "affine":
+        return lambda x: (1.0 if alpha is None else alpha) * x + (0.0 if beta is None else beta)
+    raise NotImplementedError(f"recurrent activation {name!r}")
+
 
 class Recurrent(OnnxModule):
-    def __init__(self, cell: str, hidden: int, direction: str, layout: int, linear_before_reset: int, outputs: int):
+    def __init__(self, cell: str, hidden: int, direction: str, layout: int, linear_before_reset: int, outputs: int,
+                 activations: Sequence[Callable], clip: Optional[float], input_forget: bool):
         super().__init__()
-        self.outputs = outputs
-        self.cell, self.hidden, self.direction = cell, hidden, direction
-        self.layout, self.linear_before_reset = layout, linear_before_reset
+        self.cell, self.hidden, self.direction, self.layout = cell, hidden, direction, layout
+        self.linear_before_reset, self.outputs = linear_before_reset, outputs
+        self.activations, self.clip, self.input_forget = list(activations), clip, input_forget
 
     def forward(self, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None):
-        if sequence_lens is not None:
-            lens = sequence_lens.tolist()
-            if any(length != x.shape[1 - self.layout] for length in lens) and min(lens) != max(lens):
-                raise NotImplementedError("LSTM/GRU with varying sequence_lens")
-        if p is not None:
-            raise NotImplementedError("LSTM peepholes")
         if self.layout == 1:
             x = x.transpose(0, 1)
+            initial_h = None if initial_h is None else initial_h.transpose(0, 1)
+            initial_c = None if initial_c is None else initial_c.transpose(0, 1)
         seq, batch = x.shape[0], x.shape[1]
-        directions = w.shape[0]
-        gates = 4 if self.cell == "LSTM" else 3
+        gates = _GATES[self.cell]
+        per_direction = len(self.activations) // w.shape[0]
+        lengths = None
+        if sequence_lens is not None:
+            lengths = sequence_lens.to(torch.int64).to(x.device)
+            if bool((lengths == seq).all()):
+                lengths = None
         ys, hs, cs = [], [], []
-        for d in range(directions):
+        for d in range(w.shape[0]):
             reverse = self.direction == "reverse" or (self.direction == "bidirectional" and d == 1)
+            acts = self.activations[d * per_direction:(d + 1) * per_direction]
             wb = b[d, : gates * self.hidden] if b is not None else None
-            rb = b[d, gates * self.hidden :] if b is not None else None
+            rb = b[d, gates * self.hidden:] if b is not None else None
             h = initial_h[d] if initial_h is not None else x.new_zeros(batch, self.hidden)
             c = initial_c[d] if initial_c is not None else x.new_zeros(batch, self.hidden)
+            peep = p[d] if p is not None else None
             x_proj = torch.matmul(x, w[d].t())
             if wb is not None:
                 x_proj = x_proj + wb
-            steps = range(seq - 1, -1, -1) if reverse else range(seq)
-            outputs: List[Optional[torch.Tensor]] = [None] * seq
-            for t in steps:
-                if self.cell == "LSTM":
-                    h, c = self._lstm_step(x_proj[t], h, c, r[d], rb)
+            steps: List[torch.Tensor] = []
+            for k in range(seq):  # the k-th step each sequence takes
+                if not reverse:
+                    step_in = x_proj[k]
+                elif lengths is None:
+                    step_in = x_proj[seq - 1 - k]
+                else:  # backwards from each sequence's own last element
+                    step_in = x_proj[(lengths - 1 - k).clamp(min=0), torch.arange(batch, device=x.device)]
+                new_h, new_c = self._step(step_in, h, c, r[d], rb, peep, acts)
+                if lengths is not None:
+                    live = (k < lengths).unsqueeze(1)
+                    h, c = torch.where(live, new_h, h), torch.where(live, new_c, c)
+                    steps.append(torch.where(live, new_h, torch.zeros_like(new_h)))
                 else:
-                    h = self._gru_step(x_proj[t], h, r[d], rb)
-                outputs[t] = h
-            ys.append(torch.stack(outputs, 0))
+                    h, c = new_h, new_c
+                    steps.append(new_h)
+            y = torch.stack(steps, 0)
+            if reverse and lengths is None:
+                y = y.flip(0)
+            elif reverse:  # step k of sequence b belongs at time lengths[b] - 1 - k
+                time = torch.arange(seq, device=x.device).view(-1, 1)
+                source = torch.where(time < lengths.view(1, -1), lengths.view(1, -1) - 1 - time, time)
+                y = torch.gather(y, 0, source.unsqueeze(-1).expand_as(y))
+            ys.append(y)
             hs.append(h)
             cs.append(c)
         y = torch.stack(ys, 1)  # [seq, dirs, batch, hidden]
-        y_h = torch.stack(hs, 0)
-        y_c = torch.stack(cs, 0)
+        y_h, y_c = torch.stack(hs, 0), torch.stack(cs, 0)
         if self.layout == 1:
             y = y.permute(2, 0, 1, 3)
             y_h, y_c = y_h.transpose(0, 1), y_c.transpose(0, 1)
         values = (y, y_h, y_c)[: self.outputs]
         return values[0] if self.outputs == 1 else values
 
-    def _lstm_step(self, xw, h, c, r, rb):
+    def _step(self, xw, h, c, r, rb, peep, acts):
+        if self.cell == "RNN":
+            g = xw + torch.matmul(h, r.t())
+            if rb is not None:
+                g = g + rb
+            return acts[0](self._clipped(g)), c
+        if self.cell == "GRU":
+            return self._gru_step(xw, h, r, rb, acts), c
+        return self._lstm_step(xw, h, c, r, rb, peep, acts)
+
+    def _clipped(self, value):
+        return value if self.clip is None else value.clamp(-self.clip, self.clip)
+
+    def _lstm_step(self, xw, h, c, r, rb, peep, acts):
+        f_act, g_act, h_act = acts
         g = xw + torch.matmul(h, r.t())
         if rb is not None:
             g = g + rb
         i, o, f, cand = g.chunk(4, dim=-1)
-        i, o, f, cand = torch.sigmoid(i), torch.sigmoid(o), torch.sigmoid(f), torch.tanh(cand)
-        c = f * c + i * cand
-        return o * torch.tanh(c), c
+        if peep is not None:
+            p_i, p_o, p_f = peep.chunk(3)
+            i, f = i + p_i * c, f + p_f * c
+        i = f_act(self._clipped(i))
+        f = 1 - i if self.input_forget else f_act(self._clipped(f))
+        c = f * c + i * g_act(self._clipped(cand))
+        if peep is not None:
+            o = o + p_o * c
+        o = f_act(self._clipped(o))
+        return o * h_act(c), c
 
-    def _gru_step(self, xw, h, r, rb):
+    def _gru_step(self, xw, h, r, rb, acts):
+        f_act, g_act = acts
         hid = self.hidden
         xz, xr, xh = xw.split(hid, dim=-1)
         rz, rr, rh = r.split(hid, dim=0)
         bz, br, bh = rb.split(hid) if rb is not None else (0.0, 0.0, 0.0)
-        z = torch.sigmoid(xz + torch.matmul(h, rz.t()) + bz)
-        rt = torch.sigmoid(xr + torch.matmul(h, rr.t()) + br)
+        z = f_act(self._clipped(xz + torch.matmul(h, rz.t()) + bz))
+        rt = f_act(self._clipped(xr + torch.matmul(h, rr.t()) + br))
         if self.linear_before_reset:
-            cand = torch.tanh(xh + rt * (torch.matmul(h, rh.t()) + bh))
+            cand = g_act(self._clipped(xh + rt * (torch.matmul(h, rh.t()) + bh)))
         else:
-            cand = torch.tanh(xh + torch.matmul(rt * h, rh.t()) + bh)
+            cand = g_act(self._clipped(xh + torch.matmul(rt * h, rh.t()) + bh))
         return (1 - z) * cand + z * h
 
 
 def _recurrent(cell: str):
     def convert(node: OnnxNode, graph: OnnxGraph):
         a = node.attributes
-        default_acts = ["Sigmoid", "Tanh", "Tanh"] if cell == "LSTM" else ["Sigmoid", "Tanh"]
-        acts = a.get("activations")
-        if acts and [s.lower() for s in acts[: len(default_acts)]] != [s.lower() for s in default_acts]:
-            raise NotImplementedError(f"{cell} with activations {acts}")
-        if a.get("clip") is not None or a.get("input_forget", 0):
-            raise NotImplementedError(f"{cell} with clip/input_forget")
         outputs = 3 if cell == "LSTM" else 2
         if len(node.output_values) > outputs:
-            raise NotImplementedError(f"{cell}Training with training-only outputs in use")
-        module = Recurrent(cell, int(a["hidden_size"]), a.get("direction", "forward"), int(a.get("layout", 0)),
-                           int(a.get("linear_before_reset", 0)), len(node.output_values))
+            raise NotImplementedError(f"{node.operation_type} with training-only outputs in use")
+        direction = a.get("direction", "forward")
+        directions = 2 if direction == "bidirectional" else 1
+        names = a.get("activations") or _DEFAULT_ACTIVATIONS[cell] * directions
+        alphas, betas = list(a.get("activation_alpha", [])), list(a.get("activation_beta", []))
+        acts = [_activation(n, alphas[i] if i < len(alphas) else None, betas[i] if i < len(betas) else None)
+                for i, n in enumerate(names)]
+        if len(acts) == len(_DEFAULT_ACTIVATIONS[cell]) and directions == 2:
+            acts = acts * 2
+        module = Recurrent(cell, int(a["hidden_size"]), direction, int(a.get("layout", 0)),
+                           int(a.get("linear_before_reset", 0)), len(node.output_values), acts, a.get("clip"),
+                           bool(a.get("input_forget", 0)))
         return result(module, node)
     return convert
 
 
+register("RNN", 7, 14, 22)(_recurrent("RNN"))
 register("LSTM", 7, 14, 22)(_recurrent("LSTM"))
-register("GRU", 7, 14, 22)(_recurrent("GRU"))
+register("GRU", 3, 7, 14, 22)(_recurrent("GRU"))
 register("LSTMTraining", 1, domain="com.microsoft")(_recurrent("LSTM"))
 register("GRUTraining", 1, domain="com.microsoft")(_recurrent("GRU"))

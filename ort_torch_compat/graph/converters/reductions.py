@@ -1,6 +1,7 @@
 """Reduce* for every opset: axes come from an attribute before opset 18 (ReduceSum: 13)
 and from an optional input after, with `noop_with_empty_axes` deciding what "no axes"
-means.  onnx2torch lacks the opset-18 forms, which breaks every MSE/L1/BCE loss there."""
+means.  onnx2torch lacks the opset-18 forms, which breaks every MSE/L1/BCE loss there.
+ArgMax/ArgMin at every version (onnx2torch starts at 11)."""
 from __future__ import annotations
 
 import torch
@@ -63,10 +64,39 @@ def _reduce(op: str, axes_as_input: bool):
 
 
 for _op in _KERNELS:
-    _input_from = 13 if _op == "ReduceSum" else 18
-    register(_op, 1, 11)(_reduce(_op, False))
-    if _op != "ReduceSum":
-        register(_op, 13)(_reduce(_op, False))
-    register(_op, _input_from)(_reduce(_op, True))
-    if _input_from == 13:
+    if _op == "ReduceSum":  # axes became an input at 13
+        register(_op, 1, 11)(_reduce(_op, False))
+        register(_op, 13)(_reduce(_op, True))
+    else:  # ... and at 18 for the others
+        register(_op, 1, 11, 13)(_reduce(_op, False))
         register(_op, 18)(_reduce(_op, True))
+
+
+class ArgExtreme(OnnxModule):
+    """ArgMax/ArgMin: int64 indices along `axis`; with select_last_index the last of equal
+    extremes (searched on the flipped axis)."""
+
+    def __init__(self, largest: bool, axis: int, keepdims: bool, last: bool):
+        super().__init__()
+        self.largest, self.axis, self.keepdims, self.last = largest, axis, keepdims, last
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        axis = self.axis % x.dim()
+        find = torch.argmax if self.largest else torch.argmin
+        if self.last:
+            index = x.shape[axis] - 1 - find(x.flip(axis), dim=axis, keepdim=self.keepdims)
+        else:
+            index = find(x, dim=axis, keepdim=self.keepdims)
+        return index.to(torch.int64)
+
+
+def _arg(largest: bool):
+    def convert(node: OnnxNode, graph: OnnxGraph):
+        a = node.attributes
+        module = ArgExtreme(largest, int(a.get("axis", 0)), bool(a.get("keepdims", 1)), bool(a.get("select_last_index", 0)))
+        return result(module, node)
+    return convert
+
+
+register("ArgMax", 1, 11, 12, 13)(_arg(True))
+register("ArgMin", 1, 11, 12, 13)(_arg(False))

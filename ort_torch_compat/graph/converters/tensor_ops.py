@@ -33,19 +33,22 @@ def _split(node: OnnxNode, graph: OnnxGraph):
 
 
 class Concat(OnnxModule):
-    def __init__(self, axis: int):
-        super().__init__()
-        self.axis = axis
+    """ORT's ConcatTraining: Concat, with the inputs' lengths along `axis` as a second output."""
 
-    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-        return torch.cat(tensors, dim=self.axis)
+    def __init__(self, axis: int, with_lengths: bool):
+        super().__init__()
+        self.axis, self.with_lengths = axis, with_lengths
+
+    def forward(self, *tensors: torch.Tensor):
+        out = torch.cat(tensors, dim=self.axis)
+        if self.with_lengths:
+            return out, torch.tensor([t.shape[self.axis] for t in tensors], dtype=torch.int64, device=out.device)
+        return out
 
 
 @register("ConcatTraining", 1, domain="com.microsoft")
 def _concat_training(node: OnnxNode, graph: OnnxGraph):
-    if len(node.output_values) > 1:
-        raise NotImplementedError("ConcatTraining with the per_input_length output in use")
-    return result(Concat(node.attributes["axis"]), node)
+    return result(Concat(node.attributes["axis"], len(node.output_values) > 1), node)
 
 
 class FusedMatMul(OnnxModule):

@@ -1,0 +1,73 @@
+"""ORT's inference fusions (com.microsoft FusedConv, FusedGemm): a Conv or Gemm followed by
+an activation (and, for FusedConv, an added tensor), as ORT's optimizer writes them into
+exported inference models.  ORT has no gradient for them."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..registry import register
+from ._common import OnnxGraph, OnnxModule, OnnxNode, result
+from .convolution import Conv
+from .gemm import Gemm
+
+
+def activation(name: str, params: Sequence[float]):
+    """ORT's fused-activation table (MLAS activation kinds)."""
+    if name == "Relu":
+        return F.relu
+    if name == "Tanh":
+        return torch.tanh
+    if name == "Sigmoid":
+        return torch.sigmoid
+    if name == "LeakyRelu":
+        alpha = params[0] if params else 0.01
+        return lambda x: F.leaky_relu(x, alpha)
+    if name == "Clip":
+        low, high = params if params else (float("-inf"), float("inf"))
+        return lambda x: x.clamp(low, high)
+    if name == "HardSigmoid":
+        alpha, beta = params if params else (0.2, 0.5)
+        return lambda x: (alpha * x + beta).clamp(0.0, 1.0)
+    raise NotImplementedError(f"fused activation {name!r}")
+
+
+class FusedConv(OnnxModule):
+    def __init__(self, conv: Conv, act):
+        super().__init__()
+        self.conv, self.act = conv, act
+
+    def forward(self, x, weight, bias=None, addend=None):
+        y = self.conv(x, weight, bias)
+        if addend is not None:
+            y = y + addend
+        return self.act(y)
+
+
+@register("FusedConv", 1, domain="com.microsoft")
+def _fused_conv(node: OnnxNode, graph: OnnxGraph):
+    a = node.attributes
+    conv = Conv(a.get("strides"), a.get("dilations"), a.get("group", 1), a.get("pads"), a.get("auto_pad", "NOTSET"),
+                a.get("kernel_shape"))
+    return result(FusedConv(conv, activation(a.get("activation", "Relu"), a.get("activation_params", []))), node)
+
+
+class FusedGemm(OnnxModule):
+    def __init__(self, gemm: Gemm, act):
+        super().__init__()
+        self.gemm, self.act = gemm, act
+
+    def forward(self, a, b, c=None):
+        return self.act(self.gemm(a, b, c))
+
+
+@register("FusedGemm", 1, domain="com.microsoft")
+def _fused_gemm(node: OnnxNode, graph: OnnxGraph):
+    a = node.attributes
+    gemm = Gemm(float(a.get("alpha", 1.0)), float(a.get("beta", 1.0)), bool(a.get("transA", 0)), bool(a.get("transB", 0)))
+    name = a.get("activation", "Relu")
+    params = {"LeakyRelu": [a.get("activation_alpha", 0.01)],
+              "HardSigmoid": [a.get("activation_alpha", 0.2), a.get("activation_beta", 0.5)]}.get(name, [])
+    return result(FusedGemm(gemm, activation(name, params)), node)
