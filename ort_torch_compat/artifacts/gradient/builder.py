@@ -49,6 +49,7 @@ def add_gradient_graph(model: onnx.ModelProto, requires_grad: Sequence[str], los
     _Autodiff(index, list(requires_grad), loss_name).run()
     graph.node.extend(index.new_nodes)
     graph.initializer.extend(index.new_initializers)
+    graph.value_info.extend(index.new_value_info)
     types = {i.name: i.type for i in graph.input}
     for param in requires_grad:
         output = graph.output.add()
@@ -120,6 +121,9 @@ class _Autodiff:
         required = {p: [i for i in diff_inputs[p] if self.nodes[p].input[i] in needs] for p in backward}
         self.contributions = Counter(self.nodes[p].input[i] for p in backward for i in required[p])
         self.final_names = {t: self._gradient_name(t) for t in self.contributions}
+        for tensor, name in self.final_names.items():
+            if tensor not in self.requires_grad:  # parameter gradients are typed as graph outputs
+                self.index.declare_like(name, tensor)
         self.pending: Dict[str, List[str]] = defaultdict(list)
         seed = self._loss_seed()
         problems = []
@@ -161,6 +165,7 @@ class _Autodiff:
             name = self.final_names[tensor]
         else:
             name = self.index.unique(f"{tensor}_grad_{len(self.pending[tensor])}")
+            self.index.declare_like(name, tensor)
         self.pending[tensor].append(name)
         return name
 

@@ -17,6 +17,9 @@ from onnx import numpy_helper
 Dim = Union[int, str, None]
 Shape = Optional[List[Dim]]
 
+#: onnx's shape inference names dims it cannot infer ``unk__<n>``: unknown, not symbolic equalities.
+_INVENTED_DIM_PREFIX = "unk__"
+
 FLOAT_TYPES = frozenset({
     onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
 })
@@ -29,7 +32,7 @@ def _shape_of(type_proto: onnx.TypeProto) -> Shape:
     for dim in type_proto.tensor_type.shape.dim:
         if dim.HasField("dim_value") and dim.dim_value > 0:
             dims.append(int(dim.dim_value))
-        elif dim.HasField("dim_param") and dim.dim_param:
+        elif dim.HasField("dim_param") and dim.dim_param and not dim.dim_param.startswith(_INVENTED_DIM_PREFIX):
             dims.append(dim.dim_param)
         else:
             dims.append(None)
@@ -63,6 +66,7 @@ class GraphIndex:
                 self.taken.add(node.name)
         self.new_nodes: List[onnx.NodeProto] = []
         self.new_initializers: List[onnx.TensorProto] = []
+        self.new_value_info: List[onnx.ValueInfoProto] = []
         self._shared: Dict[str, str] = {}
 
     # ---- types and shapes ------------------------------------------------------------
@@ -83,6 +87,21 @@ class GraphIndex:
 
     def set_type(self, name: str, type_proto: onnx.TypeProto) -> None:
         self._types[name] = type_proto
+
+    def declare_like(self, name: str, like: str) -> None:
+        """Record ``name``'s type as ``like``'s (a gradient has its tensor's type and shape).
+
+        Written into the model as value_info: some of ORT's gradient kernels (AveragePoolGrad)
+        take their output shape from the graph instead of computing it.
+        """
+        elem = self.elem_type(like)
+        if not elem:
+            return
+        shape = self.shape(like)
+        info = onnx.helper.make_tensor_value_info(name, elem, None if shape is None else
+                                                  [d if d is not None else None for d in shape])
+        self.new_value_info.append(info)
+        self.set_type(name, info.type)
 
     # ---- names -----------------------------------------------------------------------
     def unique(self, wanted: str) -> str:
@@ -126,7 +145,7 @@ def _inferred_graph(model: onnx.ModelProto) -> onnx.GraphProto:
     (com.microsoft) simply get no shapes, and their builders use run-time shapes.
     """
     try:
-        return onnx.shape_inference.infer_shapes(model).graph
+        return onnx.shape_inference.infer_shapes(model, data_prop=True).graph
     except Exception:  # noqa: BLE001 - shapes are an optimisation; without them builders go dynamic
         return model.graph
 
