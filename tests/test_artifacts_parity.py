@@ -1,0 +1,111 @@
+"""Artifacts made by ort_torch_compat.artifacts, against onnxruntime-training 1.19.2's for the same models.
+
+For every fixture of ``tests/fixtures/artifacts/`` (recorded by
+``scripts/make_artifact_fixtures.py``: the exported model, ORT's ``generate_artifacts``
+arguments, a summary of ORT's artifacts and ORT's training of them):
+
+* structure: graph inputs/outputs of the training, eval and optimizer models (names, order,
+  element types, shapes), the optimizer node and its attributes, and the checkpoint bytes
+  equal ORT's;
+* ``ort_torch_compat.api`` trains our artifacts to the numbers ORT recorded for its own
+  (the scenario of tests/scenario.py, tolerances of test_training_parity.py);
+* live, when onnxruntime-training is importable: ORT itself trains our artifacts to those
+  numbers.
+
+Our artifacts are generated here, in-process, unless ``ORT_TORCH_COMPAT_GENERATED_ARTIFACTS``
+names a directory of artifacts generated elsewhere (CI makes them on Python 3.13 with only
+onnx, numpy and flatbuffers installed: ``scripts/generate_fixture_artifacts.py``).
+Adding a model is one line in ``make_artifact_fixtures.CONFIGS`` and a re-run of that script.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+import ort_torch_compat.api as ours
+from tests.conftest import ROOT
+from tests.scenario import compare, run_scenario
+from tests.test_training_parity import TOLERANCES, _settle_noise_elements
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import generate_fixture_artifacts as generator  # noqa: E402
+
+FIXTURES = generator.fixture_dirs()
+GENERATED = os.environ.get("ORT_TORCH_COMPAT_GENERATED_ARTIFACTS")
+# Keys that hold values (not names or sizes): ORT's dropout masks come from ORT's generator,
+# ours from torch's, so for models with an active Dropout only ORT itself can match them.
+RANDOM_VALUES = ["step*", "eval/*", "final/*", "init/*", "lr/*"]
+
+
+def _load(fixture: pathlib.Path) -> dict:
+    return json.loads((fixture / "spec.json").read_text())
+
+
+def _expected(fixture: pathlib.Path) -> dict:
+    with np.load(fixture / "expected.npz") as data:
+        return {key: data[key] for key in data.files}
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    """Our artifacts per fixture name: pre-generated (CI) or generated on first use."""
+    made = {}
+
+    def get(fixture: pathlib.Path) -> pathlib.Path:
+        if GENERATED:
+            directory = pathlib.Path(GENERATED) / fixture.name
+            assert directory.is_dir(), f"{directory} was not generated"
+            return directory
+        if fixture.name not in made:
+            made[fixture.name] = generator.generate_for_fixture(fixture, tmp_path_factory.mktemp(fixture.name))
+        return made[fixture.name]
+
+    return get
+
+
+def _numeric_tolerances(spec: dict, expected: dict, actual: dict) -> list:
+    _settle_noise_elements(expected, actual, spec)
+    return compare(expected, actual, tolerances=TOLERANCES, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=[f.name for f in FIXTURES])
+def test_structure_matches_ort(fixture, generated):
+    ort = _load(fixture)["ort_artifacts"]
+    mine = generator.describe_artifacts(generated(fixture))
+    assert sorted(mine) == sorted(ort), "a different set of files"
+    for name in ort:
+        if "sha256" in ort[name]:
+            assert mine[name] == ort[name], f"{name}: bytes differ from ORT's artifact writer"
+            continue
+        for part in ort[name]:
+            assert mine[name][part] == ort[name][part], f"{name} {part} differ from ORT's"
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=[f.name for f in FIXTURES])
+def test_our_library_trains_our_artifacts_like_ort_trains_its_own(fixture, generated):
+    document = _load(fixture)
+    spec = document["scenario"]
+    expected, actual = _expected(fixture), run_scenario(ours, generated(fixture), spec)
+    if document.get("ort_seed") is not None:
+        assert compare(expected, actual, ignore=RANDOM_VALUES) == []
+        return
+    assert _numeric_tolerances(spec, expected, actual) == []
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=[f.name for f in FIXTURES])
+def test_ort_trains_our_artifacts_like_its_own(fixture, generated, ort_api):
+    import make_artifact_fixtures  # needs torch, as the live tests do anyway
+
+    document = _load(fixture)
+    spec = document["scenario"]
+    actual = make_artifact_fixtures.run_ort_scenario(ort_api, generated(fixture), spec, document.get("ort_seed"))
+    assert _numeric_tolerances(spec, _expected(fixture), actual) == []
+
+
+def test_fixtures_exist():
+    assert len(FIXTURES) >= 20, "run scripts/make_artifact_fixtures.py"
