@@ -106,8 +106,6 @@ _REWRITES: Dict[Tuple[str, str], Rewrite] = {
     ("", "Dropout"): _with_outputs("mask"),
     ("", "SoftmaxCrossEntropyLoss"): _with_outputs("log_prob"),
     ("", "LayerNormalization"): _with_outputs("mean", "inv_std_dev"),
-    (MS_DOMAIN, "LayerNormalization"): _with_outputs("mean", "inv_std_dev"),
-    (MS_DOMAIN, "SimplifiedLayerNormalization"): _with_outputs("inv_std_var"),
 }
 
 

@@ -21,18 +21,8 @@ def batch_norm_internal(ctx: GradientContext) -> None:
              domain=MS_DOMAIN, epsilon=float(ctx.attr("epsilon", BATCH_NORM_DEFAULT_EPSILON)))
 
 
-def _layer_norm(ctx: GradientContext) -> None:
+@register("LayerNormalization")
+def layer_norm(ctx: GradientContext) -> None:
     outputs = [ctx.GI_or_unused(i) for i in range(3)]
     ctx.emit("LayerNormalizationGrad", [ctx.GO(0), ctx.I(0), ctx.I(1), ctx.O(1), ctx.O(2)], outputs,
-             domain=MS_DOMAIN, **ctx.source_attributes())
-
-
-register("LayerNormalization")(_layer_norm)
-register("LayerNormalization", domain=MS_DOMAIN)(_layer_norm)
-
-
-@register("SimplifiedLayerNormalization", domain=MS_DOMAIN)
-def simplified_layer_norm(ctx: GradientContext) -> None:
-    outputs = [ctx.GI_or_unused(i) for i in range(2)]
-    ctx.emit("SimplifiedLayerNormalizationGrad", [ctx.GO(0), ctx.I(0), ctx.I(1), ctx.O(1)], outputs,
              domain=MS_DOMAIN, **ctx.source_attributes())
