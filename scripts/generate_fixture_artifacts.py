@@ -107,7 +107,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--fixtures", default=str(DEFAULT_FIXTURES))
     parser.add_argument("--only", help="comma-separated fixture names")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(REPO))  # a checkout without an installed package
+    try:
+        import ort_torch_compat  # noqa: F401  (the installed package, e.g. in CI's Python 3.13 venv)
+    except ImportError:
+        sys.path.insert(0, str(REPO))  # a checkout without an installed package
     only = [n for n in (args.only or "").split(",") if n] or None
     fixtures = fixture_dirs(pathlib.Path(args.fixtures), only)
     if not fixtures:
