@@ -109,6 +109,10 @@ _REWRITES: Dict[Tuple[str, str], Rewrite] = {
 }
 
 
+#: ``(domain, op_type)`` of the ops rewritten here ("" is ai.onnx); all have gradients.
+REWRITTEN_OPS = frozenset(_REWRITES)
+
+
 def rewrite_for_training(index: GraphIndex) -> None:
     """Apply the rewrites to every node of ``index.graph`` in place (see the module docstring)."""
     graph = index.graph
