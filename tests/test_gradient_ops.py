@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import onnx
@@ -79,6 +79,15 @@ CASES: List[Case] = [
     *(unary(op) for op in ("Sin", "Cos", "Exp", "Abs", "Neg", "Erf", "Identity", "Sigmoid", "Tanh", "Relu")),
     *(unary(op, positive=True) for op in ("Log", "Sqrt", "Reciprocal")),
     unary("LeakyRelu", alpha=0.2),
+    Case("HardSigmoid_HardSwish", [N("Mul", ["x", "w"], ["h"]), N("HardSigmoid", ["h"], ["s"], alpha=0.3),
+                                   N("Mul", ["h", "s"], ["k"]), N("HardSwish", ["k"])],
+         {"x": ([4, 8], "normal")}, {"w": np.linspace(-4, 4, 8, dtype=np.float32) + 0.05}),
+    Case("Max_Min", [N("Max", ["x", "a", "b"], ["h"]), N("Min", ["h", "c"])], {"x": ([3, 4], "normal")},
+         {"a": _r(4, seed=70), "b": _r(3, 1, seed=71), "c": _r(3, 4, seed=72)}),
+    Case("Pad_constant", [N("Pad", ["w", "p", "v"])], {}, {"w": _r(2, 3, seed=73)},
+         constants={"p": _i64(1, 0, 0, 2), "v": np.array(0.5, np.float32)}),
+    Case("Pad_axes_18", [N("Pad", ["w", "p", "", "a"])], {}, {"w": _r(2, 3, seed=74)}, opset=18,
+         constants={"p": _i64(1, 2), "a": _i64(1)}),
     unary("Softmax", axis=1),
     unary("Softmax", opset=12, axis=1),
     unary("LogSoftmax", axis=-1),

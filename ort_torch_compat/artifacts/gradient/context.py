@@ -9,7 +9,7 @@ from.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Sequence
 
 import numpy as np
 import onnx
@@ -198,9 +198,3 @@ def broadcast_reduction_axes(target: List, full: List) -> List[int]:
             axes.append(offset + i)
     return axes
 
-
-def static_ints(shape: Shape) -> Optional[List[int]]:
-    """The shape as ints when every dim is a known size, else None."""
-    if shape is None or not all(isinstance(d, int) for d in shape):
-        return None
-    return list(shape)

@@ -8,7 +8,7 @@ back to shape-computing nodes otherwise, as ORT's builder does.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Set, Union
+from typing import Dict, List, Optional, Set, Union
 
 import numpy as np
 import onnx
@@ -129,12 +129,6 @@ class GraphIndex:
             self._shared[key] = self.add_initializer(self.unique(key), value)
         return self._shared[key]
 
-    def producers(self) -> Dict[str, onnx.NodeProto]:
-        return {out: node for node in self.graph.node for out in node.output if out}
-
-    def consumers_of(self, names: Iterable[str]) -> Set[str]:
-        wanted = set(names)
-        return {n for node in self.graph.node for n in node.input if n in wanted}
 
 
 def _inferred_graph(model: onnx.ModelProto) -> onnx.GraphProto:

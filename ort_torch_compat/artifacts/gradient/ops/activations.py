@@ -81,3 +81,40 @@ def softmax(ctx: GradientContext) -> None:
 @register("LogSoftmax")
 def log_softmax(ctx: GradientContext) -> None:
     _softmax_like(ctx, "LogSoftmax")
+
+
+def _inside_mask(ctx: GradientContext, pre: str, low: float, high: float) -> str:
+    """``low < pre < high`` as a float mask of ``pre``'s type."""
+    lo = ctx.constant("low", low, dtype=ctx.np_dtype(ctx.I(0)))
+    hi = ctx.constant("high", high, dtype=ctx.np_dtype(ctx.I(0)))
+    above = ctx.emit("Greater", [pre, lo], [ctx.IA("above")])[0]
+    below = ctx.emit("Less", [pre, hi], [ctx.IA("below")])[0]
+    inside = ctx.emit("And", [above, below], [ctx.IA("inside")])[0]
+    return ctx.emit("Cast", [inside], [ctx.IA("inside_mask")], to=ctx.elem_type(ctx.I(0)) or 1)[0]
+
+
+@register("HardSigmoid")
+def hard_sigmoid(ctx: GradientContext) -> None:
+    """``y = clip(alpha * x + beta, 0, 1)``: slope ``alpha`` where the clip is not active."""
+    alpha, beta = float(ctx.attr("alpha", 0.2)), float(ctx.attr("beta", 0.5))
+    dtype = ctx.np_dtype(ctx.I(0))
+    scaled = ctx.emit("Mul", [ctx.I(0), ctx.constant("alpha", alpha, dtype=dtype)], [ctx.IA("scaled")])[0]
+    pre = ctx.emit("Add", [scaled, ctx.constant("beta", beta, dtype=dtype)], [ctx.IA("pre")])[0]
+    slope = ctx.emit("Mul", [_inside_mask(ctx, pre, 0.0, 1.0), ctx.constant("alpha_slope", alpha, dtype=dtype)],
+                     [ctx.IA("slope")])[0]
+    ctx.emit("Mul", [ctx.GO(0), slope], [ctx.GI(0)])
+
+
+@register("HardSwish")
+def hard_swish(ctx: GradientContext) -> None:
+    """``y = x * clip(x/6 + 1/2, 0, 1)``: ``dy/dx`` is 0 below -3, 1 above 3, ``x/3 + 1/2`` between."""
+    x, dtype = ctx.I(0), ctx.np_dtype(ctx.I(0))
+    ramp = ctx.emit("Add", [ctx.emit("Mul", [x, ctx.constant("third", 1.0 / 3.0, dtype=dtype)], [ctx.IA("x_third")])[0],
+                            ctx.constant("half", 0.5, dtype=dtype)], [ctx.IA("ramp")])[0]
+    inside = _inside_mask(ctx, x, -3.0, 3.0)
+    above = ctx.emit("Cast", [ctx.emit("GreaterOrEqual", [x, ctx.constant("three", 3.0, dtype=dtype)],
+                                       [ctx.IA("at_least_three")])[0]],
+                     [ctx.IA("above_mask")], to=ctx.elem_type(x) or 1)[0]
+    slope = ctx.emit("Add", [ctx.emit("Mul", [ramp, inside], [ctx.IA("ramp_inside")])[0], above],
+                     [ctx.IA("slope")])[0]
+    ctx.emit("Mul", [ctx.GO(0), slope], [ctx.GI(0)])

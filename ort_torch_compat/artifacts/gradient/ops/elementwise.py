@@ -184,3 +184,22 @@ def clip(ctx: GradientContext) -> None:
     mask = masks[0] if len(masks) == 1 else ctx.emit("And", masks, [ctx.IA("Masked_Min_Max")])[0]
     scale = ctx.emit("Cast", [mask], [ctx.IA("Casted_Mask")], to=ctx.elem_type(ctx.I(0)) or 1)[0]
     ctx.emit("Mul", [ctx.GO(0), scale], [ctx.GI(0)])
+
+
+@register("Max", "Min")
+def max_min(ctx: GradientContext) -> None:
+    """Each input whose value is the result gets the gradient, shared equally on ties (as ORT)."""
+    if ctx.num_inputs() == 1:
+        ctx.emit("Identity", [ctx.GO(0)], [ctx.GI(0)])
+        return
+    elem = ctx.elem_type(ctx.O(0)) or 1
+    masks = []
+    for slot in range(ctx.num_inputs()):
+        equal = ctx.emit("Equal", [ctx.I(slot), ctx.O(0)], [ctx.IA(f"Mask_{slot}")])[0]
+        masks.append(ctx.emit("Cast", [equal], [ctx.IA(f"Mask_Cast_{slot}")], to=elem)[0])
+    ties = ctx.emit("Sum", masks, [ctx.IA("Scale")])[0]
+    shared = ctx.emit("Div", [ctx.GO(0), ties], [ctx.IA("dY_Scaled")])[0]
+    for slot in range(ctx.num_inputs()):
+        if ctx.requires(slot):
+            part = ctx.emit("Mul", [shared, masks[slot]], [ctx.IA(f"PreReduceGrad_{slot}")])[0]
+            _reduced(ctx, part, slot, ctx.GI(slot))

@@ -108,3 +108,16 @@ def gather_elements(ctx: GradientContext) -> None:
     dims = ctx.emit("Shape", [ctx.I(0)], [ctx.IA("x_shape")])[0]
     ctx.emit("GatherElementsGrad", [ctx.GO(0), dims, ctx.I(1)], [ctx.GI(0)], domain=MS_DOMAIN,
              axis=int(ctx.attr("axis", 0)))
+
+
+@register("Pad", inputs=(0,))
+def pad(ctx: GradientContext) -> None:
+    """Constant padding: the gradient is the output gradient with the padding cut off (negative pads)."""
+    if ctx.opset < 11:
+        raise ctx.unsupported("Pad before opset 11 (pads as an attribute)")
+    mode = ctx.attr("mode", b"constant")
+    if mode not in (b"constant", "constant"):
+        raise ctx.unsupported(f"Pad mode {mode!r} (only constant padding has a gradient)")
+    negative = ctx.emit("Neg", [ctx.I(1)], [ctx.IA("Neg_pads")])[0]
+    axes = [ctx.I(3)] if ctx.num_inputs() > 3 and ctx.I(3) else []
+    ctx.emit("Pad", [ctx.GO(0), negative, *([""] + axes if axes else [])], [ctx.GI(0)])
