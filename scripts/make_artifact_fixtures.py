@@ -35,7 +35,7 @@ import tempfile
 import time
 import traceback
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "tests" / "fixtures" / "artifacts"
@@ -50,12 +50,16 @@ DROPOUT_SEED = 1234
 
 @dataclasses.dataclass
 class Config:
+    """One fixture.  ``build`` (optional) makes the model instead of ``build_model(family, loss)``:
+    a function of the loss name returning build_model's tuple, e.g. for a model-zoo entry."""
+
     family: str
     loss: str
     optim: str
     opset: int
     extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
     suffix: str = ""
+    build: Optional[Callable[[str], tuple]] = None
 
     @property
     def name(self) -> str:
@@ -331,7 +335,8 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
         seed = reference.seed_of(cfg.name)
         torch.manual_seed(seed)
         np.random.seed(seed % 2 ** 32)
-        model, args, in_names, out_names, kinds, training, frozen_torch = build_model(cfg.family, cfg.loss)
+        model, args, in_names, out_names, kinds, training, frozen_torch = (cfg.build or (
+            lambda loss: build_model(cfg.family, loss)))(cfg.loss)
         twin = copy.deepcopy(model)  # exporting in training mode updates BatchNorm's running statistics
         exported = _export(cfg, model, args, in_names, out_names, training, bool(cfg.extra.get("dynamic_axes")))
         for_ort = exported

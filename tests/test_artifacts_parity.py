@@ -130,3 +130,61 @@ def test_ort_trains_our_artifacts_like_its_own(fixture, generated, ort_api):
 
 def test_fixtures_exist():
     assert len(FIXTURES) >= 20, "run scripts/make_artifact_fixtures.py"
+
+
+def test_live_ort_own_artifacts_miss_a_broadcast_reduction_ours_do_not(tmp_path, ort_api):
+    """docs/artifacts.md's ORT bug: a causal decoder with symbolic batch and sequence dims, whose
+    sliced position embedding is added to the token embeddings.  Central finite differences
+    (ORT running the eval model) agree with ORT running our gradient graph; ORT's own
+    artifacts give another gradient for the position embedding."""
+    import onnx
+    import onnxruntime
+    import torch
+
+    import make_artifact_fixtures as fixtures
+    import prepare_for_artifacts
+    from tests.scenario import make_batch
+
+    onnxruntime.set_default_logger_severity(3)
+    config = fixtures.Config("decoder", "ce", "sgd", 17, {"dynamic_axes": True}, "_dyn")
+    torch.manual_seed(3)
+    model, args, in_names, out_names, _, training, _ = fixtures.build_model("decoder", "ce")
+    exported = fixtures._export(config, model, args, in_names, out_names, training, dynamic=True)
+    params = [i.name for i in exported.graph.initializer if i.name in dict(model.named_parameters())]
+    arguments = {"requires_grad": params, "frozen_params": [], "loss": "CrossEntropyLoss", "optimizer": "SGD",
+                 "kwargs": {}}
+    ours_dir, ort_dir = tmp_path / "ours", tmp_path / "ort"
+    ours_dir.mkdir()
+    ort_dir.mkdir()
+    (tmp_path / "fixture").mkdir()
+    onnx.save(exported, str(tmp_path / "fixture" / "model.onnx"))
+    (tmp_path / "fixture" / "spec.json").write_text(json.dumps({"generate_artifacts": arguments}))
+    generator.generate_for_fixture(tmp_path / "fixture", ours_dir)
+    fixtures._ort_generate(prepare_for_artifacts.prepare_model(exported), arguments, ort_dir)
+
+    spec = {"seed": 1, "inputs": [{"name": "x", "shape": [2, 6], "kind": "int", "high": 11},
+                                  {"name": "labels", "shape": [12], "kind": "int", "high": 5}]}
+    batch = make_batch(spec, 1, 1)
+
+    def position_gradient(directory):
+        state = ort_api.CheckpointState.load_checkpoint(str(directory / "checkpoint"))
+        module = ort_api.Module(str(directory / "training_model.onnx"), state, str(directory / "eval_model.onnx"))
+        module(batch["x"], batch["labels"])
+        return np.array(state.parameters["pos"].grad), {p: np.array(state.parameters[p].data) for p in params}
+
+    ours, values = position_gradient(ours_dir)
+    theirs, _ = position_gradient(ort_dir)
+    session = onnxruntime.InferenceSession(str(ours_dir / "eval_model.onnx"), providers=["CPUExecutionProvider"])
+
+    def loss(pos):
+        return float(session.run(None, {**batch, **values, "pos": pos})[0])
+
+    eps, indices = 1e-2, [(0, 0, 0), (0, 1, 3), (0, 2, 2), (0, 5, 7)]
+    numeric = []
+    for index in indices:
+        up, down = values["pos"].copy(), values["pos"].copy()
+        up[index] += eps
+        down[index] -= eps
+        numeric.append((loss(up) - loss(down)) / (2 * eps))
+    np.testing.assert_allclose([ours[i] for i in indices], numeric, atol=2e-4)
+    assert max(abs(theirs[i] - n) for i, n in zip(indices, numeric)) > 1e-3, "ORT's own artifacts are right now"
