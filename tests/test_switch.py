@@ -78,6 +78,16 @@ def test_install_redirects_api_and_keeps_real_onnxruntime(isolated):
         assert onnxruntime.InferenceSession.__module__.startswith("onnxruntime.")
         assert onnxruntime.OrtValue.__module__.startswith("onnxruntime.")
     assert onnxruntime.training.api is api
+    from onnxruntime.training import artifacts  # the real one when onnxruntime-training is installed
+
+    from importlib import metadata
+
+    try:
+        metadata.distribution("onnxruntime-training")
+        expected = "onnxruntime.training.artifacts"
+    except metadata.PackageNotFoundError:
+        expected = "ort_torch_compat.artifacts.generate"
+    assert artifacts.generate_artifacts.__module__ == expected
 
     switch.uninstall()
     assert not switch.is_installed()
