@@ -293,3 +293,20 @@ def test_reference_summary_is_json(tmp_path):
     generate(tmp_path)
     summary = generate_fixture_artifacts.describe_artifacts(tmp_path)
     assert json.loads(json.dumps(summary)) == summary
+
+
+def test_live_same_signature_and_enums_as_ort(ort_api):
+    import inspect
+
+    from onnxruntime.training import artifacts as ort_artifacts
+
+    ours_sig, ort_sig = inspect.signature(artifacts.generate_artifacts), inspect.signature(
+        ort_artifacts.generate_artifacts)
+    assert [(p.name, p.default, p.kind) for p in ours_sig.parameters.values()] == \
+        [(p.name, p.default, p.kind) for p in ort_sig.parameters.values()]
+    for ours_enum, ort_enum in ((artifacts.LossType, ort_artifacts.LossType),
+                                (artifacts.OptimType, ort_artifacts.OptimType)):
+        assert [(m.name, m.value) for m in ours_enum] == [(m.name, m.value) for m in ort_enum]
+    for name in ("blocks", "loss", "optim", "Block", "ForwardBlock", "TrainingBlock", "load_checkpoint_to_model",
+                 "save_checkpoint", "base", "custom_op_library", "empty_base"):
+        assert hasattr(onnxblock, name), name

@@ -37,9 +37,12 @@ def get_model_parameters(model: onnx.ModelProto, requires_grad: Set[str],
 def _move_initializers_to_inputs(model: onnx.ModelProto, names: Set[str]) -> None:
     """Make the named initializers graph inputs (all of them when ``names`` is empty, as ORT does)."""
     kept = []
+    inputs = {i.name for i in model.graph.input}  # IR < 4 models may list initializers as inputs already
     for init in model.graph.initializer:
         if not names or init.name in names:
-            model.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+            if init.name not in inputs:
+                model.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type,
+                                                                            list(init.dims)))
         else:
             kept.append(init)
     del model.graph.initializer[:]
