@@ -99,19 +99,11 @@ class _TrainingBlock(onnxblock.TrainingBlock):
         if self._loss_input_names:
             inputs_to_loss = self._loss_input_names
         loss_output = self._loss(*inputs_to_loss)
-        if not self._additional_output_names:
+        if not self._additional_output_names:  # (generate_artifacts checked that it is a list)
             return loss_output
-        if not isinstance(self._additional_output_names, list):
-            raise RuntimeError(
-                f"Unknown type provided for additional output names {type(self._additional_output_names)}. "
-                "Expected additional output names to be a list of strings.")
         if isinstance(loss_output, tuple):
             return (*loss_output, *self._additional_output_names)
         return (loss_output, *self._additional_output_names)
-
-
-def _serialized(model: onnx.ModelProto) -> bytes:
-    return model.SerializeToString()
 
 
 def generate_artifacts(
@@ -187,15 +179,15 @@ def generate_artifacts(
             optimizer_model = optimizer_block.to_model_proto()
 
     writes: List[Tuple[str, Callable[[pathlib.Path], None]]] = [
-        ("training_model.onnx", lambda p: atomic_write(str(p), _serialized(training_model), "training model")),
-        ("eval_model.onnx", lambda p: atomic_write(str(p), _serialized(eval_model), "eval model")),
+        ("training_model.onnx", lambda p: atomic_write(str(p), training_model.SerializeToString(), "training model")),
+        ("eval_model.onnx", lambda p: atomic_write(str(p), eval_model.SerializeToString(), "eval model")),
         ("checkpoint", lambda p: save_checkpoint(parameters, p, nominal_checkpoint=False)),
     ]
     if nominal_checkpoint:
         writes.append(("nominal_checkpoint", lambda p: save_checkpoint(parameters, p, nominal_checkpoint=True)))
     if optimizer_model is not None:
         writes.append(("optimizer_model.onnx",
-                       lambda p: atomic_write(str(p), _serialized(optimizer_model), "optimizer model")))
+                       lambda p: atomic_write(str(p), optimizer_model.SerializeToString(), "optimizer model")))
     for name, write in writes:
         path = directory / f"{prefix}{name}"
         write(path)
