@@ -310,3 +310,13 @@ def test_live_same_signature_and_enums_as_ort(ort_api):
     for name in ("blocks", "loss", "optim", "Block", "ForwardBlock", "TrainingBlock", "load_checkpoint_to_model",
                  "save_checkpoint", "base", "custom_op_library", "empty_base"):
         assert hasattr(onnxblock, name), name
+
+
+def test_no_loss_block_when_the_model_computes_its_loss(tmp_path):
+    """``loss=None``: the model's first output is the loss (ORT's PassThrough block)."""
+    model = tiny_model([helper.make_node("ReduceMean", ["z"], ["y"], keepdims=0, name="mean")])
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, []))
+    generate(tmp_path, model, loss=None, additional_output_names=["h"])
+    training = onnx.load(str(tmp_path / "training_model.onnx"))
+    assert [o.name for o in training.graph.output][:2] == ["y", "h"]
+    assert [i.name for i in training.graph.input][:1] == ["x"]  # no target input
