@@ -3,11 +3,15 @@
 `install()` puts one finder at the front of `sys.meta_path`.  It answers only for:
 
 * `onnxruntime.training`: a small package module of ours (the real one needs ORT's
-  training build).  Its `api` is ours; its other submodules (`artifacts`, `onnxblock`,
-  ...) load from the real onnxruntime-training when that is installed and otherwise raise
-  an ImportError saying that generating artifacts needs the real package.
+  training build).  Its `api` is ours; its other submodules load from the real
+  onnxruntime-training when that is installed.  Without it, `artifacts` and `onnxblock`
+  are ours (`ort_torch_compat.artifacts` / `ort_torch_compat.onnxblock`, which need
+  neither torch nor ONNX Runtime) and the rest (`ortmodule`, `optim`, ...) raise an
+  ImportError saying they need the real package.
 * `onnxruntime.training.api` and `onnxruntime.training.api.<submodule>`: proxy modules
-  whose attributes are those of `ort_torch_compat.api` (the same class objects).
+  whose attributes are those of `ort_torch_compat.api` (the same class objects); likewise
+  `onnxruntime.training.artifacts` and `onnxruntime.training.onnxblock[.<submodule>]` when
+  the real ones are absent.
 * `onnxruntime`, only when no real onnxruntime can be found: a stub package with
   `OrtValue` (ours), `training`, `get_device()` and `get_available_providers()` (from
   torch's devices), and the legacy `TrainingSession` / `TrainingParameters` /
@@ -39,6 +43,11 @@ ROOT = "onnxruntime"
 TRAINING = "onnxruntime.training"
 API = "onnxruntime.training.api"
 TARGET = "ort_torch_compat.api"
+# Offline tooling that is ours only where onnxruntime-training is not installed.
+TOOLING_TARGETS = {
+    "onnxruntime.training.artifacts": "ort_torch_compat.artifacts",
+    "onnxruntime.training.onnxblock": "ort_torch_compat.onnxblock",
+}
 STUB_VERSION = "1.19.2+ort_torch_compat"
 _MARK = "__ort_torch_compat_switch__"
 
@@ -48,9 +57,8 @@ _TRAINING_SUBMODULES = ("api", "artifacts", "onnxblock", "optim", "amp", "ortmod
 
 _NEEDS_REAL_TRAINING = (
     "{name} needs the real onnxruntime-training package, which is not installed: "
-    "ort_torch_compat replaces only onnxruntime.training.api (training on existing artifacts). "
-    "Generate artifacts (onnxruntime.training.artifacts.generate_artifacts, onnxblock) with "
-    "onnxruntime-training==1.19.2, e.g. in another environment, then train them here."
+    "ort_torch_compat replaces onnxruntime.training.api (training), .artifacts and .onnxblock "
+    "(making artifacts) only; use PyTorch itself for what ORTModule, onnxruntime.training.optim and amp did."
 )
 _NEEDS_REAL_ORT = (
     "{name} is not available: onnxruntime is not installed and ort_torch_compat's stand-in "
@@ -227,10 +235,20 @@ class SwitchFinder(importlib.abc.MetaPathFinder):
             if self._others_find(fullname, path) is not None:
                 return None  # the real onnxruntime-training's artifacts, onnxblock...
             top = ".".join(fullname.split(".")[:3])
+            if top in TOOLING_TARGETS:
+                return self._tooling_spec(fullname, TOOLING_TARGETS[top] + fullname[len(top):])
             raise ImportError(_NEEDS_REAL_TRAINING.format(name=top), name=fullname)
         if _is_ours(sys.modules.get(ROOT)):
             raise ImportError(_NEEDS_REAL_ORT.format(name=fullname), name=fullname)
         return None
+
+    def _tooling_spec(self, fullname: str, target_name: str) -> Optional[importlib.machinery.ModuleSpec]:
+        """A proxy for ``ort_torch_compat.artifacts`` / ``.onnxblock`` (or one of their submodules)."""
+        target = importlib.util.find_spec(target_name)
+        if target is None:
+            return None
+        loader = _Loader(self, "proxy", target_name)
+        return importlib.util.spec_from_loader(fullname, loader, is_package=target.submodule_search_locations is not None)
 
     def invalidate_caches(self) -> None:
         pass

@@ -5,6 +5,10 @@
 Writes examples/artifacts/mlp_classifier/{training,eval,optimizer}_model.onnx and checkpoint
 for a 2-16-16-3 MLP classifier (CrossEntropy, AdamW).  The files are committed so the
 examples run where onnxruntime-training cannot be installed.
+
+examples/models/mlp_classifier.onnx, the input of README's "Making artifacts" snippet, is the
+inference model of these artifacts:
+``ort-torch-compat export examples/artifacts/mlp_classifier examples/models/mlp_classifier.onnx``.
 """
 from __future__ import annotations
 

@@ -78,6 +78,16 @@ def test_install_redirects_api_and_keeps_real_onnxruntime(isolated):
         assert onnxruntime.InferenceSession.__module__.startswith("onnxruntime.")
         assert onnxruntime.OrtValue.__module__.startswith("onnxruntime.")
     assert onnxruntime.training.api is api
+    from onnxruntime.training import artifacts  # the real one when onnxruntime-training is installed
+
+    from importlib import metadata
+
+    try:
+        metadata.distribution("onnxruntime-training")
+        expected = "onnxruntime.training.artifacts"
+    except metadata.PackageNotFoundError:
+        expected = "ort_torch_compat.artifacts.generate"
+    assert artifacts.generate_artifacts.__module__ == expected
 
     switch.uninstall()
     assert not switch.is_installed()
@@ -104,10 +114,18 @@ def test_stub_when_onnxruntime_is_missing(isolated, monkeypatch):
 
     assert onnxruntime.TrainingSession is legacy.TrainingSession  # the 1.10-era API lived here
     assert isinstance(onnxruntime.SessionOptions(), legacy.SessionOptions)
+    from onnxruntime.training import artifacts  # without onnxruntime-training: ours
+    import onnxruntime.training.onnxblock
+    from onnxruntime.training.onnxblock.loss import MSELoss
+
+    import ort_torch_compat.artifacts
+    import ort_torch_compat.onnxblock
+
+    assert artifacts.generate_artifacts is ort_torch_compat.artifacts.generate_artifacts
+    assert onnxruntime.training.onnxblock.Block is ort_torch_compat.onnxblock.Block
+    assert MSELoss is ort_torch_compat.onnxblock.loss.MSELoss
     with pytest.raises(ImportError, match="needs the real onnxruntime-training"):
-        from onnxruntime.training import artifacts  # noqa: F401
-    with pytest.raises(ImportError, match="needs the real onnxruntime-training"):
-        import onnxruntime.training.onnxblock  # noqa: F401
+        import onnxruntime.training.ortmodule  # noqa: F401
     with pytest.raises(ImportError, match="onnxruntime is not installed"):
         from onnxruntime import InferenceSession  # noqa: F401
     switch.uninstall()

@@ -1,0 +1,123 @@
+"""Gradients of ops that move data without arithmetic: reshape, transpose, (un)squeeze, concat,
+split, slice, gather.  Each routes the output gradient back to where the input elements came
+from; slice and gather scatter it into zeros with ORT's SliceGrad / GatherGrad kernels."""
+from __future__ import annotations
+
+from typing import List
+
+import numpy as np
+from onnx import numpy_helper
+
+from ..context import MS_DOMAIN, GradientContext
+from ..registry import register
+
+
+@register("Reshape", "Flatten", inputs=(0,))
+def reshape(ctx: GradientContext) -> None:
+    ctx.reshape_like(ctx.GO(0), ctx.I(0), ctx.GI(0))
+
+
+@register("Transpose")
+def transpose(ctx: GradientContext) -> None:
+    perm = ctx.attr("perm")
+    if perm is None:
+        shape = ctx.shape(ctx.I(0)) or ctx.shape(ctx.O(0))
+        if shape is None:
+            raise ctx.unsupported("Transpose without perm on a tensor of unknown rank")
+        perm = list(reversed(range(len(shape))))
+    inverse = [0] * len(perm)
+    for position, axis in enumerate(perm):
+        inverse[axis] = position
+    ctx.emit("Transpose", [ctx.GO(0)], [ctx.GI(0)], perm=inverse)
+
+
+@register("Squeeze", inputs=(0,))
+def squeeze(ctx: GradientContext) -> None:
+    if ctx.opset >= 13 and ctx.I(1):
+        ctx.unsqueeze(ctx.GO(0), ctx.I(1), ctx.GI(0))
+    elif ctx.opset < 13 and ctx.attr("axes") is not None:
+        ctx.unsqueeze(ctx.GO(0), list(ctx.attr("axes")), ctx.GI(0))
+    else:  # every size-1 axis was squeezed: restore the input's shape
+        ctx.reshape_like(ctx.GO(0), ctx.I(0), ctx.GI(0))
+
+
+@register("Unsqueeze", inputs=(0,))
+def unsqueeze(ctx: GradientContext) -> None:
+    axes = ctx.I(1) if ctx.opset >= 13 else list(ctx.attr("axes", []))
+    ctx.squeeze(ctx.GO(0), axes, ctx.GI(0))
+
+
+@register("Concat")
+def concat(ctx: GradientContext) -> None:
+    """Split the output gradient into the inputs' extents along the axis."""
+    axis = int(ctx.attr("axis"))
+    outputs = [ctx.GI_or_unused(i) for i in range(ctx.num_inputs())]
+    sizes = []
+    for name in ctx.node.input:
+        shape = ctx.shape(name)
+        position = axis + len(shape) if shape is not None and axis < 0 else axis
+        sizes.append(shape[position] if shape is not None and isinstance(shape[position], int) else None)
+    if ctx.opset < 13:
+        if None in sizes:
+            raise ctx.unsupported("Concat before opset 13 needs every input's size along the axis")
+        ctx.emit("Split", [ctx.GO(0)], outputs, axis=axis, split=sizes)
+        return
+    if None not in sizes:
+        split = ctx.int64s("split_sizes", sizes)
+    else:
+        axis_index = ctx.int64s(f"{axis}_int64", [axis])
+        parts = []
+        for i, name in enumerate(ctx.node.input):
+            dims = ctx.emit("Shape", [name], [ctx.IA(f"shape_{i}")])[0]
+            parts.append(ctx.emit("Gather", [dims, axis_index], [ctx.IA(f"split_size_{i}")], axis=0)[0])
+        split = ctx.emit("Concat", parts, [ctx.IA("split_sizes")], axis=0)[0]
+    ctx.emit("Split", [ctx.GO(0), split], outputs, axis=axis)
+
+
+@register("Split", inputs=(0,))
+def split(ctx: GradientContext) -> None:
+    """Concatenate the outputs' gradients; outputs without one contribute zeros."""
+    parts: List[str] = []
+    for i, name in enumerate(ctx.node.output):
+        if ctx.GO(i):
+            parts.append(ctx.GO(i))
+            continue
+        dims = ctx.emit("Shape", [name], [ctx.IA(f"shape_{i}")])[0]
+        zero = np.zeros([1], dtype=ctx.np_dtype(name))
+        parts.append(ctx.emit("ConstantOfShape", [dims], [ctx.IA(f"zeros_{i}")],
+                              value=numpy_helper.from_array(zero))[0])
+    ctx.emit("Concat", parts, [ctx.GI(0)], axis=int(ctx.attr("axis", 0)))
+
+
+@register("Slice", inputs=(0,))
+def slice_(ctx: GradientContext) -> None:
+    if ctx.opset < 10:
+        raise ctx.unsupported("Slice before opset 10 (starts/ends as attributes)")
+    dims = ctx.emit("Shape", [ctx.I(0)], [ctx.IA("I0_shape")])[0]
+    ctx.emit("SliceGrad", [ctx.GO(0), dims, *ctx.node.input[1:]], [ctx.GI(0)], domain=MS_DOMAIN)
+
+
+@register("Gather", inputs=(0,))
+def gather(ctx: GradientContext) -> None:
+    dims = ctx.emit("Shape", [ctx.I(0)], [ctx.IA("I0_shape")])[0]
+    ctx.emit("GatherGrad", [dims, ctx.I(1), ctx.GO(0)], [ctx.GI(0)], domain=MS_DOMAIN, axis=int(ctx.attr("axis", 0)))
+
+
+@register("GatherElements", inputs=(0,))
+def gather_elements(ctx: GradientContext) -> None:
+    dims = ctx.emit("Shape", [ctx.I(0)], [ctx.IA("x_shape")])[0]
+    ctx.emit("GatherElementsGrad", [ctx.GO(0), dims, ctx.I(1)], [ctx.GI(0)], domain=MS_DOMAIN,
+             axis=int(ctx.attr("axis", 0)))
+
+
+@register("Pad", inputs=(0,))
+def pad(ctx: GradientContext) -> None:
+    """Constant padding: the gradient is the output gradient with the padding cut off (negative pads)."""
+    if ctx.opset < 11:
+        raise ctx.unsupported("Pad before opset 11 (pads as an attribute)")
+    mode = ctx.attr("mode", b"constant")
+    if mode not in (b"constant", "constant"):
+        raise ctx.unsupported(f"Pad mode {mode!r} (only constant padding has a gradient)")
+    negative = ctx.emit("Neg", [ctx.I(1)], [ctx.IA("Neg_pads")])[0]
+    axes = [ctx.I(3)] if ctx.num_inputs() > 3 and ctx.I(3) else []
+    ctx.emit("Pad", [ctx.GO(0), negative, *([""] + axes if axes else [])], [ctx.GI(0)])
