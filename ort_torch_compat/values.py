@@ -11,7 +11,7 @@ from typing import Any, List, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from .engine.io_spec import StepInput, is_string_array, tensor_from_array, torch_type_name
+from .engine.io_spec import StepInput, tensor_from_array, torch_type_name
 from .errors import InvalidInputError
 
 

@@ -17,7 +17,6 @@ import zlib
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 WEIGHTS = {"a": (3, 4), "b": (5,)}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 import ort_torch_compat.api as ours
 from ort_torch_compat.optim import adamw

@@ -17,7 +17,7 @@ import torch
 from onnx import helper, numpy_helper
 
 import ort_torch_compat.api as api
-from ort_torch_compat.errors import InvalidInputError, ModelLoadError
+from ort_torch_compat.errors import ModelLoadError
 from ort_torch_compat.graph import build_graph_module
 from tests import reliability_cases as cases
 from tests.conftest import FIXTURES
