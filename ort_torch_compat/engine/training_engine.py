@@ -13,7 +13,7 @@ import onnx
 import torch
 
 from ..errors import InvalidInputError, ModelLoadError, NominalStateError
-from ..graph import build_graph_module, forward_graph
+from ..graph import build_graph_module, detach_unowned_running_stats, forward_graph
 from .host_allocator import tune_host_allocator
 from .io_spec import check_inputs, names
 from .model_io import ModelSource, describe, load_model, opset_map
@@ -22,9 +22,10 @@ from .state import TrainingState
 from .training_graph import GraphIO, check_eval_matches, check_parameter_types, eval_io, training_io
 
 
-def _build(model: onnx.ModelProto, io: GraphIO, label: str) -> torch.nn.Module:
+def _build(model: onnx.ModelProto, io: GraphIO, label: str, state: TrainingState) -> torch.nn.Module:
     input_names = names(io.user_inputs) + io.param_names()
     graph = forward_graph(model, io.outputs, input_names, label)
+    detach_unowned_running_stats(graph, [n for n in io.param_names() if not state.parameters[n].requires_grad])
     return build_graph_module(graph, opset_map(model), input_names, io.outputs, label)
 
 
@@ -45,7 +46,7 @@ class TrainingEngine:
         train_proto = load_model(train_model, "training model")
         self.train_io = training_io(train_proto, state, self.train_label)
         shapes = check_parameter_types(self.train_io, state, self.train_label)
-        self.train_module = _build(train_proto, self.train_io, self.train_label).to(self.device).train()
+        self.train_module = _build(train_proto, self.train_io, self.train_label, state).to(self.device).train()
 
         self.eval_source = eval_model
         self.eval_io: Optional[GraphIO] = None
@@ -56,7 +57,7 @@ class TrainingEngine:
             self.eval_io = eval_io(eval_proto, state)
             check_eval_matches(self.eval_io, self.train_io, eval_label)
             check_parameter_types(self.eval_io, state, eval_label)
-            self.eval_module = _build(eval_proto, self.eval_io, eval_label).to(self.device).eval()
+            self.eval_module = _build(eval_proto, self.eval_io, eval_label, state).to(self.device).eval()
 
         self.store = ParameterStore(state, self.train_io.param_names(), shapes, self.device)
         self._train_params = [state.parameters[n].tensor for n in self.train_io.param_names()]

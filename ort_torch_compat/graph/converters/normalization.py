@@ -18,16 +18,19 @@ class BatchNorm(OnnxModule):
         super().__init__()
         self.epsilon, self.momentum, self.training_mode = epsilon, momentum, training_mode
 
-    def forward(self, x, scale, bias, running_mean, running_var):
+    def forward(self, x, scale, bias, running_mean=None, running_var=None):
         if not self.training_mode:
             return F.batch_norm(x, running_mean, running_var, scale, bias, False, 0.0, self.epsilon)
         # The batch statistics come back from the kernel itself (mean, 1/sqrt(var+eps)), so the
-        # biased-variance update costs no extra pass over the activations.
+        # biased-variance update costs no extra pass over the activations.  A running stat is
+        # None where it is not ours to update (see graph/running_stats.py).
         y, mean, inv_std = torch.native_batch_norm(x, scale, bias, None, None, True, 0.0, self.epsilon)
         with torch.no_grad():
-            var = inv_std.detach().pow(-2).sub_(self.epsilon)
-            running_mean.mul_(self.momentum).add_(mean.detach(), alpha=1.0 - self.momentum)
-            running_var.mul_(self.momentum).add_(var, alpha=1.0 - self.momentum)
+            if running_mean is not None:
+                running_mean.mul_(self.momentum).add_(mean.detach(), alpha=1.0 - self.momentum)
+            if running_var is not None:
+                var = inv_std.detach().pow(-2).sub_(self.epsilon)
+                running_var.mul_(self.momentum).add_(var, alpha=1.0 - self.momentum)
         return y
 
 

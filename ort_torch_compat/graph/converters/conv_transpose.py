@@ -1,0 +1,73 @@
+"""ConvTranspose with the weight fed at run time (a trainable parameter is a graph input
+here; onnx2torch only converts initializer weights), every padding mode included.
+
+ONNX output size per spatial axis: `stride*(in-1) + output_padding + (k-1)*dilation + 1
+- pad_begin - pad_end`.  With `output_shape` (or auto_pad SAME_*) the pads are derived from
+the wanted size; SAME_UPPER puts the odd element at the end, anything else at the start.  Symmetric pads run as one torch
+call; others run unpadded, then the full result is cropped (and zero-extended for
+`output_padding`, whose positions receive only the bias).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..registry import register
+from ._common import OnnxGraph, OnnxModule, OnnxNode, result
+
+_CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
+
+class ConvTranspose(OnnxModule):
+    def __init__(self, strides, dilations, group: int, pads, auto_pad: str, output_padding, output_shape):
+        super().__init__()
+        self.strides, self.dilations, self.group = strides, dilations, group
+        self.pads, self.auto_pad = pads, auto_pad
+        self.output_padding, self.output_shape = output_padding, output_shape
+
+    def _pads(self, in_sizes: Sequence[int], full: Sequence[int], rank: int) -> List[int]:
+        """[begin..., end...] for these input sizes (`full`: the unpadded output sizes)."""
+        wanted: Optional[Sequence[int]] = self.output_shape
+        if wanted is None and self.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            wanted = [size * stride for size, stride in zip(in_sizes, self.strides or [1] * rank)]
+        if wanted is None:
+            return list(self.pads or [0] * (2 * rank))
+        wanted = list(wanted)[-rank:]
+        totals = [size - want for size, want in zip(full, wanted)]
+        small = [total // 2 for total in totals]
+        large = [total - total // 2 for total in totals]
+        return small + large if self.auto_pad == "SAME_UPPER" else large + small
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor = None) -> torch.Tensor:
+        rank = x.dim() - 2
+        strides = self.strides or [1] * rank
+        dilations = self.dilations or [1] * rank
+        extra = self.output_padding or [0] * rank
+        kernel = weight.shape[2:]
+        in_sizes = x.shape[2:]
+        full = [s * (n - 1) + e + (k - 1) * d + 1 for n, k, s, d, e in zip(in_sizes, kernel, strides, dilations, extra)]
+        pads = self._pads(in_sizes, full, rank)
+        conv = _CONV_TRANSPOSE[rank]
+        if pads[:rank] == pads[rank:] and all(e < max(s, d) for e, s, d in zip(extra, strides, dilations)):
+            return conv(x, weight, bias, strides, pads[:rank], extra, self.group, dilations)
+        y = conv(x, weight, None, strides, 0, 0, self.group, dilations)
+        if any(extra):  # output_padding: zero rows at the end, before cropping
+            pad = []
+            for e in reversed(extra):
+                pad += [0, e]
+            y = F.pad(y, pad)
+        index = [slice(None), slice(None)] + [slice(b, size - e) for b, e, size in zip(pads[:rank], pads[rank:], full)]
+        y = y[tuple(index)]
+        if bias is not None:
+            y = y + bias.reshape(1, -1, *([1] * rank))
+        return y
+
+
+@register("ConvTranspose", 1, 11)
+def _conv_transpose(node: OnnxNode, graph: OnnxGraph):
+    a = node.attributes
+    module = ConvTranspose(a.get("strides"), a.get("dilations"), a.get("group", 1), a.get("pads"),
+                           a.get("auto_pad", "NOTSET"), a.get("output_padding"), a.get("output_shape"))
+    return result(module, node)
