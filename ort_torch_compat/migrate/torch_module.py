@@ -10,7 +10,8 @@ name that is also the prefix of another, a clash with an nn.Module attribute suc
 `checkpoint_names` maps every `named_parameters()` key to its checkpoint name.
 
 Frozen parameters (ORT's non-trainable ones) have `requires_grad=False`; BatchNorm
-running statistics among them are updated in place in training mode, as ORT does.
+running statistics among them are updated in place in training mode, as ORT does (only those:
+running-stat inputs that alias weights are never written, see graph/running_stats.py).
 
 Graphs: `train()` mode runs the training model's forward part, `eval()` mode the eval
 model (found as `eval_model.onnx` next to the training model unless given; without one,
@@ -37,7 +38,7 @@ from ..engine.model_io import ModelSource, describe, load_model, opset_map
 from ..engine.state import TrainingState
 from ..engine.training_graph import check_parameter_types, eval_io, training_io
 from ..errors import InvalidInputError, ModelMismatchError
-from ..graph import build_graph_module, forward_graph
+from ..graph import build_graph_module, detach_unowned_running_stats, forward_graph
 from ..graph.subgraph import ancestor_nodes
 from .state_dict import MigrationError, _as_state, state_dict_to_checkpoint
 
@@ -110,6 +111,7 @@ def _build_graph(model: onnx.ModelProto, state: TrainingState, outputs: Sequence
     params = [i.name for i in graph.input if i.name in state.parameters and i.name in used]
     input_names = [spec.name for spec in users] + params
     sub = forward_graph(model, list(outputs), input_names, label)
+    detach_unowned_running_stats(sub, [p for p in params if not state.parameters[p].requires_grad])
     module = build_graph_module(sub, opset_map(model), input_names, list(outputs), label)
     return _Graph(module, users, params, list(outputs), label)
 
