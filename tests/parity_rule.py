@@ -30,10 +30,11 @@ drifts as far.  Then:
 
 1. step 1 (names, sizes, initial values, losses, gradients, parameters after the first
    update) is compared elementwise against the anchor, as above.  Where the anchor's own
-   step 1 is off the float64 replay (ORT's float32 rounding put an activation within 2e-6 of
-   zero on the other side of a ReLU: the whole channel's gradient changes), the recording
-   adds the eager float64 replay of the torch model as a second reference, and each element
-   may match either one (both are independent of this library);
+   step 1 is off the float64 replay (seen in resnet18: an activation 2e-6 below a ReLU's
+   kink, and ORT's gradient of that channel 23% off the exact one, as if its rounding had put
+   the activation on the other side), the recording adds the eager float64 replay of the
+   torch model as a second reference, and each element may match either one (both are
+   independent of this library);
 2. steps 2 and later are compared through the trajectory deviation: the largest deviation
    from the float64 replay over the losses, the eval outputs and the L1 and L2 norms of every
    gradient and parameter (whole-tensor quantities; single elements are pure noise there).

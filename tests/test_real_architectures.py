@@ -19,9 +19,10 @@ The rule (implemented in tests/parity_rule.py, which has the details):
 - Well-conditioned cases (the anchor stays within tolerance of a float64 replay of the
   artifacts at every step) are compared elementwise at every step.
 - Others (deep BatchNorm nets with AdamW, where rounding-level differences grow
-  chaotically): step 1 elementwise; steps 2-5 through the trajectory deviation from the
-  float64 replay (losses, eval loss, per-tensor L1/L2 norms), which must be within 4x of the
-  worst of the anchor's and two half-ulp-perturbed float64 replays'.
+  chaotically): step 1 elementwise (against ORT, or per element against a float64 eager
+  replay where ORT's own step 1 is off the exact one); steps 2-5 through the trajectory
+  deviation from the float64 replay (losses, eval loss, per-tensor L1/L2 norms), which must
+  be within 4x of the worst of the anchor's and two half-ulp-perturbed float64 replays'.
 - Names, sizes, shapes and frozen-gradient flags: exact.
 """
 from __future__ import annotations
