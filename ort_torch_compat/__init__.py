@@ -5,7 +5,7 @@
 __version__ = "0.1.0"
 
 # The zero-edit switch (stdlib only): `install()` makes `import onnxruntime.training.api` this library.
-from .switch import install, is_installed, uninstall  # noqa: E402
+from .switch import install, is_installed, uninstall  # noqa: E402, F401  (public)
 
 # The C/C#/Objective-C training session surface (OrtTrainingApi), see README's C API section.
 # Imported lazily so that `import ort_torch_compat.errors` (or the codec) stays light.

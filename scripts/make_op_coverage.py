@@ -584,8 +584,7 @@ def write_doc(results) -> None:
             listed = ", ".join(variants) if len(variants) <= 6 else ", ".join(variants[:6]) + f" and {len(variants) - 6} more"
             notes.append(f"ORT cannot train {listed} ({'; '.join(not_trained)[:120]})")
         for table, label in ((op_replay.ORT_GRADIENT_QUIRKS, "ORT gradient quirk, reproduced"),
-                             (op_replay.ORT_GRADIENT_WRONG, "ORT's gradient is wrong, ours checked against finite differences"),
-                             (op_replay.OTHER_BRANCH, "fixed on the real-architecture branch")):
+                             (op_replay.ORT_GRADIENT_WRONG, "ORT's gradient is wrong, ours checked against finite differences")):
             reasons = sorted({op_replay.matching(table, c["id"]) for c, _, _ in run} - {""})
             notes += [f"{label}: {reason}" for reason in reasons]
         label = ", ".join(map(str, versions)) if domain == "ai.onnx" else "1"
@@ -601,8 +600,6 @@ def write_doc(results) -> None:
         totals["forward_pass"] += sum(f.status == "pass" for _, f, _ in run)
         totals["gradient_cases"] += sum(g.status != "none" for _, _, g in run)
         totals["gradient_pass"] += sum(g.status == "pass" for _, _, g in run)
-        totals["other_branch"] += sum(f.status != "pass" and bool(op_replay.matching(op_replay.OTHER_BRANCH, c["id"]))
-                                      for c, f, _ in run)
     quirks = "\n".join(f"- `{pattern}`: {reason}" for pattern, reason in op_replay.ORT_GRADIENT_QUIRKS.items())
     wrong = "\n".join(f"- `{pattern}`: {reason}" for pattern, reason in op_replay.ORT_GRADIENT_WRONG.items())
     text = f"""# Op coverage: ONNX Runtime 1.19.2 versus ort_torch_compat
@@ -611,9 +608,7 @@ def write_doc(results) -> None:
 
 **{totals['ops']} ops that ORT 1.19.2 runs, {totals['cases']} cases: forward
 {totals['forward_pass']}/{totals['cases']} pass, gradients {totals['gradient_pass']}/{totals['gradient_cases']} pass (of the
-cases ORT itself can train).  The {totals['other_branch']} cases failing forward are fixed on the real-architecture branch
-(Flatten with axis 0 or the input's rank, ORT's LayerNormalization below opset 17,
-SimplifiedLayerNormalization, ConvTranspose with a trainable weight).**
+cases ORT itself can train).**
 
 ## What is tested
 

@@ -52,13 +52,6 @@ ORT_GRADIENT_WRONG: Dict[str, str] = {
     r"^ai\.onnx\.Where-(9|16)\.broadcast$": "Where with a broadcast data input",
     r"^ai\.onnx\.LSTM-(7|14)\.peepholes$": "LSTM with peepholes",
 }
-# Fixed on the real-architecture branch (issue 12 part 2); failing here until it is merged.
-OTHER_BRANCH: Dict[str, str] = {
-    r"^ai\.onnx\.Flatten-(9|11|13|21)\.(axis0|axis_rank)$": "Flatten with axis 0 or axis == rank",
-    r"^ai\.onnx\.LayerNormalization-ort\.": "ORT's LayerNormalization schema below opset 17",
-    r"^ai\.onnx\.SimplifiedLayerNormalization-ort\.": "SimplifiedLayerNormalization",
-    r"^ai\.onnx\.ConvTranspose-": "ConvTranspose with a fed (trainable) weight",
-}
 
 
 

@@ -33,23 +33,31 @@ training API, so both backends see exactly the same sequence of calls.
   ``nominal_checkpoint`` and filled with ``copy_buffer_to_parameters(buf, trainable_only=False)``
   where ``buf`` comes from a module over the real ``checkpoint``.  Every other key is
   then identical to the non-nominal scenario.
+* configs with ``spec['fill']`` (the real-architecture fixtures, which commit only the
+  ``nominal_checkpoint``) build the module on ``nominal_checkpoint`` and fill it with
+  ``copy_buffer_to_parameters(fill_values(spec), trainable_only=False)``: values from a
+  fixed integer-hash rule, the same on every platform (see ``fill_values``).
 
 Inputs are drawn from ``np.random.default_rng([spec['seed'], k, j])`` (eval batch:
 ``[seed, 1000, 0]``) following ``spec['inputs']``: a list (train-graph user input order)
 of ``{"name", "shape", "dtype", "kind", "high"}`` with kind ``"normal"`` (float32
 standard normal), ``"int"`` (int64 uniform in ``[0, high)``, class labels / token ids)
-or ``"binary"`` (float32 in {0, 1}, BCE targets).  ``spec['eval_inputs']`` lists the
+``"binary"`` (float32 in {0, 1}, BCE targets) or ``"mask"`` (int64 attention mask: per row
+ones for a random-length prefix, zeros after it).  ``spec['eval_inputs']`` lists the
 eval-graph user input names (default: same as train).
 """
 from __future__ import annotations
 
 import fnmatch
 import pathlib
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, MutableMapping, Optional, Sequence
 
 import numpy as np
 
 EVAL_SEED_KEY = 1000
+# 16 float32 ulps, relative: about the rounding error a float32 forward pass accumulates (the
+# real-architecture CNNs' activations differ from float64 ones by 1e-6 to 4e-6, relative).
+PERTURBATION = 2.0 ** -20
 
 
 def _np(x: Any) -> np.ndarray:
@@ -78,6 +86,9 @@ def make_batch(spec: dict, k: int, j: int) -> Dict[str, np.ndarray]:
             arr = rng.integers(0, 2, size=shape).astype(np.float32)
         elif kind == "normal":
             arr = rng.standard_normal(shape).astype(np.float32)
+        elif kind == "mask":  # attention mask: per row, ones for a random-length prefix, then padding
+            lengths = rng.integers(1, shape[-1] + 1, size=shape[:-1])
+            arr = (np.arange(shape[-1]) < lengths[..., None]).astype(np.int64)
         else:
             raise ValueError(f"unknown input kind {kind!r}")
         dtype = np.dtype(inp.get("dtype", arr.dtype))
@@ -96,8 +107,65 @@ def _record_params(out: Dict[str, np.ndarray], state: Any, prefix: str, names: S
         out[f"{prefix}/{name}"] = _np(state.parameters[name].data)
 
 
-def run_scenario(api: Any, artifacts_dir: "pathlib.Path | str", spec: dict) -> Dict[str, np.ndarray]:
-    """Run the standard training scenario with ``api`` on the artifacts in ``artifacts_dir``."""
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """The splitmix64 finalizer on uint64 arrays (wrapping arithmetic: the same bits everywhere)."""
+    x = x * np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def fill_values(spec: dict) -> np.ndarray:
+    """The float32 parameter buffer (``spec['param_order']``) that ``spec['fill']`` prescribes.
+
+    Per parameter ``p`` with ``spec['fill']['init'][p] = [center, spread]``, element ``i`` is
+    ``center + spread * (2u - 1)`` where ``u`` in [0, 1) is the top 53 bits of
+    ``splitmix64(i + 2^32 * (crc32(p) ^ seed))``: integer arithmetic, so every platform and
+    numpy version gets the same bits (no random-generator stream involved).
+
+    ``spec['fill']['perturb'] = s`` (float64 replays only) returns float64 values, each moved by
+    ``PERTURBATION`` (relative) in a direction drawn from seed ``s``: the chaos probe of
+    tests/parity_rule.py.
+    """
+    import zlib
+
+    seed = int(spec["fill"]["seed"])
+    parts = []
+    with np.errstate(over="ignore"):
+        for name in spec["param_order"]:
+            center, spread = spec["fill"]["init"][name]
+            count = int(np.prod(spec["param_shapes"][name], dtype=np.int64))
+            key = np.uint64((zlib.crc32(name.encode()) ^ seed) & 0xFFFFFFFF) << np.uint64(32)
+            bits = _splitmix64(np.arange(count, dtype=np.uint64) + key)
+            unit = (bits >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+            parts.append((center + spread * (2.0 * unit - 1.0)).astype(np.float32))
+    values = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+    if spec["fill"].get("perturb") is not None:
+        signs = np.random.default_rng(int(spec["fill"]["perturb"])).choice([-1.0, 1.0], size=values.shape)
+        return values.astype(np.float64) * (1.0 + signs * PERTURBATION)
+    return values
+
+
+def _ortvalue(api: Any, array: np.ndarray) -> Any:
+    """An OrtValue holding ``array``, as ``api``'s Module accepts it: ORT 1.19.2's
+    ``copy_buffer_to_parameters`` only takes the C-level value (what its
+    ``get_contiguous_parameters`` returns), not ``onnxruntime.OrtValue``; that value does
+    not keep ``array`` alive, the caller must."""
+    factory = getattr(api, "OrtValue", None)
+    if factory is not None:
+        return factory.ortvalue_from_numpy(array)
+    from onnxruntime import OrtValue
+
+    return OrtValue.ortvalue_from_numpy(array)._ortvalue
+
+
+def run_scenario(api: Any, artifacts_dir: "pathlib.Path | str", spec: dict,
+                 out: Optional[MutableMapping[str, np.ndarray]] = None) -> MutableMapping[str, np.ndarray]:
+    """Run the standard training scenario with ``api`` on the artifacts in ``artifacts_dir``.
+
+    Results go into ``out`` (a new dict by default; a mapping that condenses what is stored
+    keeps big models' records small, see tests/parity_rule.py).
+    """
     d = pathlib.Path(artifacts_dir)
     trainable: List[str] = list(spec["trainable_params"])
     frozen: List[str] = list(spec.get("frozen_params", []))
@@ -106,11 +174,19 @@ def run_scenario(api: Any, artifacts_dir: "pathlib.Path | str", spec: dict) -> D
     acc_step = int(spec.get("accumulate_step", 2))
     train_names = [i["name"] for i in spec["inputs"]]
     eval_names = list(spec.get("eval_inputs", train_names))
-    out: Dict[str, np.ndarray] = {}
+    out = {} if out is None else out
 
     train_model = d / "training_model.onnx"
     eval_model = d / "eval_model.onnx"
-    if spec.get("nominal"):
+    if spec.get("fill"):
+        state = api.CheckpointState.load_checkpoint(d / "nominal_checkpoint")
+        module = api.Module(train_model, state, eval_model)
+        out["nominal/sizes/trainable"] = np.array(module.get_parameters_size(True), dtype=np.int64)
+        out["nominal/sizes/all"] = np.array(module.get_parameters_size(False), dtype=np.int64)
+        # a name, not a temporary: ORT's C-level OrtValue does not own the numpy memory
+        filled = fill_values(spec)
+        module.copy_buffer_to_parameters(_ortvalue(api, filled), trainable_only=False)
+    elif spec.get("nominal"):
         real_state = api.CheckpointState.load_checkpoint(d / "checkpoint")
         real_module = api.Module(train_model, real_state, eval_model)
         buf = real_module.get_contiguous_parameters(trainable_only=False)

@@ -2,10 +2,9 @@
 tests/fixtures/ops/) replayed through our converters and compared with ONNX Runtime 1.19.2's
 forward outputs and training gradients (tests/op_replay.py says how values compare).
 
-The only exceptions are op_replay's three lists (ORT_GRADIENT_QUIRKS reproduced by default
+The only exceptions are op_replay's two lists (ORT_GRADIENT_QUIRKS reproduced by default
 and checked for their exact alternative here, ORT_GRADIENT_WRONG checked against central
-differences, OTHER_BRANCH expected to fail until the real-architecture branch is merged: a
-non-strict xfail, so the merge turns them into passes).
+differences).
 """
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from typing import Dict, List
 import pytest
 
 from tests import op_replay
-from tests.op_replay import ORT_GRADIENT_QUIRKS, OTHER_BRANCH, matching
+from tests.op_replay import ORT_GRADIENT_QUIRKS, matching
 
 CASES = [case for case in op_replay.load_manifest() if case["ort_forward"] == "ok"]
 ARRAYS = op_replay.Arrays()
@@ -27,40 +26,28 @@ for _case in CASES:
     BY_OP[op_replay.op_key(_case)].append(_case)
 
 
-def _settle(problems: List[str], expected_failures: List[str]) -> None:
-    assert not problems, "\n".join(problems)
-    if expected_failures:
-        pytest.xfail("fixed on the real-architecture branch: " + "; ".join(expected_failures))
-
-
 @pytest.mark.parametrize("op", sorted(BY_OP))
 def test_forward_matches_onnxruntime(op):
-    problems, expected = [], []
+    problems = []
     for case in BY_OP[op]:
         outcome = op_replay.replay_forward(case, ARRAYS(case))
         if outcome.status == "pass":
             continue
-        if matching(OTHER_BRANCH, case["id"]):
-            expected.append(f"{case['id']} ({outcome.status})")
-        else:
-            problems.append(f"{case['id']}: {outcome}")
-    _settle(problems, expected)
+        problems.append(f"{case['id']}: {outcome}")
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("op", sorted(op for op, cases in BY_OP.items() if any(c["ort_gradient"] == "ok" for c in cases)))
 def test_gradient_matches_onnxruntime(op):
-    problems, expected = [], []
+    problems = []
     for case in BY_OP[op]:
         if case["ort_gradient"] != "ok":
             continue
         outcome = op_replay.gradient_outcome(case, ARRAYS(case))
         if outcome.status == "pass":
             continue
-        if matching(OTHER_BRANCH, case["id"]):
-            expected.append(f"{case['id']} ({outcome.status})")
-        else:
-            problems.append(f"{case['id']}: {outcome}")
-    _settle(problems, expected)
+        problems.append(f"{case['id']}: {outcome}")
+    assert not problems, "\n".join(problems)
 
 
 QUIRK_CASES = [case for case in CASES if case["ort_gradient"] == "ok" and matching(ORT_GRADIENT_QUIRKS, case["id"])]
@@ -80,6 +67,6 @@ def test_exact_gradients_where_ort_deviates(case):
 def test_every_listed_case_exists():
     """The exception lists name cases that are recorded (a stale entry hides nothing)."""
     ids = [case["id"] for case in CASES]
-    for table in (ORT_GRADIENT_QUIRKS, op_replay.ORT_GRADIENT_WRONG, OTHER_BRANCH):
+    for table in (ORT_GRADIENT_QUIRKS, op_replay.ORT_GRADIENT_WRONG):
         for pattern in table:
             assert any(re.search(pattern, case_id) for case_id in ids), pattern

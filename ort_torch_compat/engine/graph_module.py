@@ -13,7 +13,7 @@ import onnx
 import torch
 
 from ..errors import ModelMismatchError
-from ..graph import build_graph_module, forward_graph
+from ..graph import build_graph_module, detach_unowned_running_stats, forward_graph
 from ..graph.subgraph import ancestor_nodes
 from .io_spec import names
 from .model_io import opset_map
@@ -21,12 +21,16 @@ from .training_graph import GraphIO
 
 
 def build_module(model: onnx.ModelProto, io: GraphIO, label: str, fed_names: Optional[Sequence[str]] = None,
-                 gradients: str = "ort", training: bool = False) -> torch.nn.Module:
+                 gradients: str = "ort", training: bool = False, buffers: Sequence[str] = ()) -> torch.nn.Module:
     """A module whose forward takes `io`'s user inputs (or `fed_names`, the values fed in
     their place, such as the outputs of string Casts run on the host) then its parameters
-    and returns `io.outputs`.  `gradients` and `training`: see `graph.build_graph_module`."""
+    and returns `io.outputs`.  `gradients` and `training`: see `graph.build_graph_module`.
+
+    `buffers`: the frozen parameters a training-mode BatchNorm may update in place (its
+    running statistics); any other running-stat input is never written, see
+    `graph.running_stats`, because it may alias a weight."""
     input_names = list(names(io.user_inputs) if fed_names is None else fed_names) + io.param_names()
-    graph = forward_graph(model, io.outputs, input_names, label)
+    graph = detach_unowned_running_stats(forward_graph(model, io.outputs, input_names, label), buffers)
     return build_graph_module(graph, opset_map(model), input_names, io.outputs, label, gradients, training)
 
 

@@ -79,7 +79,8 @@ class TrainingEngine:
         shapes = check_parameter_types(self.train_io, state, self.train_label)
         self.train_strings = StringCasts(train_proto, self.train_io.user_inputs, self.train_label)
         self.train_module = build_module(self.train_strings.model, self.train_io, self.train_label,
-                                         self.train_strings.fed_names, gradients, training=True).to(self.device).train()
+                                         self.train_strings.fed_names, gradients, training=True,
+                                         buffers=self._buffers(self.train_io)).to(self.device).train()
 
         self.eval_source = eval_model
         self.eval_io: Optional[GraphIO] = None
@@ -94,7 +95,8 @@ class TrainingEngine:
             check_parameter_types(self.eval_io, state, eval_label)
             self.eval_strings = StringCasts(eval_proto, self.eval_io.user_inputs, eval_label)
             self.eval_module = build_module(self.eval_strings.model, self.eval_io, eval_label,
-                                            self.eval_strings.fed_names, gradients).to(self.device).eval()
+                                            self.eval_strings.fed_names, gradients,
+                                            buffers=self._buffers(self.eval_io)).to(self.device).eval()
 
         self.store = ParameterStore(state, self.train_io.param_names(), shapes, self.device)
         self._train_params = [state.parameters[n].tensor for n in self.train_io.param_names()]
@@ -102,6 +104,10 @@ class TrainingEngine:
         self._accumulate = False
 
     # ---- steps -----------------------------------------------------------------------
+    def _buffers(self, io: GraphIO) -> List[str]:
+        """The frozen parameters of `io`: the only running statistics a step may update."""
+        return [name for name in io.param_names() if not self.state.parameters[name].requires_grad]
+
     def _feeds(self, inputs: Sequence[StepInput], strings: StringCasts, step: str) -> List[torch.Tensor]:
         """The module's user feeds on this device (string inputs parsed by their Cast nodes)."""
         tensors = strings.feeds(inputs, step)

@@ -10,7 +10,8 @@ name that is also the prefix of another, a clash with an nn.Module attribute suc
 `checkpoint_names` maps every `named_parameters()` key to its checkpoint name.
 
 Frozen parameters (ORT's non-trainable ones) have `requires_grad=False`; BatchNorm
-running statistics among them are updated in place in training mode, as ORT does.
+running statistics among them are updated in place in training mode, as ORT does (only those:
+running-stat inputs that alias weights are never written, see graph/running_stats.py).
 
 Graphs: `train()` mode runs the training model's forward part, `eval()` mode the eval
 model (found as `eval_model.onnx` next to the training model unless given; without one,
@@ -39,7 +40,6 @@ from ..engine.model_io import ModelSource, describe, load_model
 from ..engine.state import TrainingState
 from ..engine.training_graph import GraphIO, check_parameter_types, eval_io, training_io
 from ..errors import InvalidInputError, ModelMismatchError
-from ..graph.subgraph import ancestor_nodes
 from .state_dict import MigrationError, _as_state, state_dict_to_checkpoint
 
 EVAL_MODEL_FILE = "eval_model.onnx"
@@ -53,14 +53,12 @@ class _Graph:
     io: GraphIO  # the user inputs and parameters the module takes, and its outputs
 
 
-def _produced(graph: onnx.GraphProto) -> Dict[str, onnx.NodeProto]:
-    return {out: node for node in graph.node for out in node.output if out}
-
-
-def _build_graph(model: onnx.ModelProto, io: GraphIO, outputs: Sequence[str], label: str) -> _Graph:
+def _build_graph(model: onnx.ModelProto, io: GraphIO, outputs: Sequence[str], label: str,
+                 state: TrainingState) -> _Graph:
     """The engine's module for `outputs`, fed only the inputs and parameters they need."""
     cut = io_for_outputs(model, io, outputs, label)
-    return _Graph(build_module(model, cut, label), cut)
+    frozen = [name for name in cut.param_names() if not state.parameters[name].requires_grad]
+    return _Graph(build_module(model, cut, label, buffers=frozen), cut)
 
 
 def _is_path(source: object) -> bool:
@@ -256,9 +254,9 @@ def to_torch_module(
     if with_loss:
         if outputs is not None:
             raise ValueError("outputs= applies to with_loss=False only")
-        graphs["train"] = _build_graph(train_proto, io, io.outputs, train_label)
+        graphs["train"] = _build_graph(train_proto, io, io.outputs, train_label, state)
         if eval_proto is not None:
-            graphs["eval"] = _build_graph(eval_proto, eval_graph_io, eval_graph_io.outputs, eval_label)
+            graphs["eval"] = _build_graph(eval_proto, eval_graph_io, eval_graph_io.outputs, eval_label, state)
     else:
         if outputs is None:
             if eval_proto is not None:
@@ -267,9 +265,9 @@ def to_torch_module(
                 outputs = model_outputs(train_proto, io.outputs, train_label)
         outputs = list(outputs)
         if eval_proto is not None:
-            graphs["eval"] = _build_graph(eval_proto, eval_graph_io, outputs, eval_label)
+            graphs["eval"] = _build_graph(eval_proto, eval_graph_io, outputs, eval_label, state)
         try:
-            graphs["train"] = _build_graph(train_proto, io, outputs, train_label)
+            graphs["train"] = _build_graph(train_proto, io, outputs, train_label, state)
         except ModelMismatchError:
             if "eval" not in graphs:
                 raise

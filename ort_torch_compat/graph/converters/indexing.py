@@ -229,6 +229,7 @@ class Trilu(OnnxModule):
 
 
 @register("Trilu", 14)
+@register("Trilu", 1, domain="com.microsoft")  # ORT's own schema, same semantics
 def _trilu(node: OnnxNode, graph: OnnxGraph):
     return result(Trilu(bool(node.attributes.get("upper", 1))), node)
 

@@ -43,12 +43,12 @@ class Flatten(OnnxModule):
         self.axis = axis
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        axis = self.axis % (x.dim() + 1) if self.axis < 0 else self.axis
+        axis = self.axis + x.dim() if self.axis < 0 else self.axis
         return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
 
 
-@register("Flatten", 1)
-def _flatten_v1(node: OnnxNode, graph: OnnxGraph):
+@register("Flatten", 1, 9, 11, 13, 21)  # every version: onnx2torch's fails for axis 0 and axis == rank
+def _flatten(node: OnnxNode, graph: OnnxGraph):
     return result(Flatten(int(node.attributes.get("axis", 1))), node)
 
 

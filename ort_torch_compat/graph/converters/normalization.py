@@ -18,16 +18,19 @@ class BatchNorm(OnnxModule):
         super().__init__()
         self.epsilon, self.momentum, self.training_mode = epsilon, momentum, training_mode
 
-    def forward(self, x, scale, bias, running_mean, running_var):
+    def forward(self, x, scale, bias, running_mean=None, running_var=None):
         if not self.training_mode:
             return F.batch_norm(x, running_mean, running_var, scale, bias, False, 0.0, self.epsilon)
         # The batch statistics come back from the kernel itself (mean, 1/sqrt(var+eps)), so the
-        # biased-variance update costs no extra pass over the activations.
+        # biased-variance update costs no extra pass over the activations.  A running stat is
+        # None where it is not ours to update (see graph/running_stats.py).
         y, mean, inv_std = torch.native_batch_norm(x, scale, bias, None, None, True, 0.0, self.epsilon)
         with torch.no_grad():
-            var = inv_std.detach().pow(-2).sub_(self.epsilon)
-            running_mean.mul_(self.momentum).add_(mean.detach(), alpha=1.0 - self.momentum)
-            running_var.mul_(self.momentum).add_(var, alpha=1.0 - self.momentum)
+            if running_mean is not None:
+                running_mean.mul_(self.momentum).add_(mean.detach(), alpha=1.0 - self.momentum)
+            if running_var is not None:
+                var = inv_std.detach().pow(-2).sub_(self.epsilon)
+                running_var.mul_(self.momentum).add_(var, alpha=1.0 - self.momentum)
         return y
 
 
@@ -49,9 +52,11 @@ register("BatchNormInternal", 1, domain="com.microsoft")(_batch_norm(1))
 
 
 class LayerNorm(OnnxModule):
-    def __init__(self, axis: int, epsilon: float):
+    """`statistics`: also return Mean and InvStdDev (ONNX's optional outputs 1 and 2)."""
+
+    def __init__(self, axis: int, epsilon: float, statistics: bool = False):
         super().__init__()
-        self.axis, self.epsilon = axis, epsilon
+        self.axis, self.epsilon, self.statistics = axis, epsilon, statistics
 
     def forward(self, x, scale, bias=None):
         axis = self.axis if self.axis >= 0 else x.dim() + self.axis
@@ -60,13 +65,15 @@ class LayerNorm(OnnxModule):
             scale = scale.expand(shape)
         if bias is not None and bias.shape != shape:
             bias = bias.expand(shape)
-        return F.layer_norm(x, shape, scale, bias, self.epsilon)
+        if not self.statistics:
+            return F.layer_norm(x, shape, scale, bias, self.epsilon)
+        return torch.native_layer_norm(x, shape, scale, bias, self.epsilon)
 
 
-@register("LayerNormalization", 17)
+# ai.onnx version 1: ORT's own schema below opset 17 (written by its LayerNormFusion), the
+# semantics, attributes and optional outputs of ONNX's LayerNormalization-17.
+@register("LayerNormalization", 1, 17)
 @register("LayerNormalization", 1, domain="com.microsoft")
 def _layer_norm(node: OnnxNode, graph: OnnxGraph):
-    if len(node.output_values) > 1:
-        raise NotImplementedError("LayerNormalization with Mean/InvStdDev outputs in use")
     a = node.attributes
-    return result(LayerNorm(a.get("axis", -1), a.get("epsilon", 1e-5)), node)
+    return result(LayerNorm(a.get("axis", -1), a.get("epsilon", 1e-5), len(node.output_values) > 1), node)

@@ -1,0 +1,90 @@
+"""The README's real-architecture table, from what scripts/make_real_arch_reference.py recorded
+(``tests/fixtures/real_arch/summary.json``) and, optionally, a scripts/benchmark.py JSON.
+
+Parity is the verdict of the rule in tests/parity_rule.py at recording time (the tests
+re-check it on every run).  Step times come only from a benchmark JSON (``--benchmark``): its
+``summary[model][backend]["step_ms"]`` for backends ``ours`` and ``ort``, where ``model`` is
+the case name, ``<recipe>_op<opset>`` or the recipe name (first found); cells stay "-"
+otherwise (timings taken on a loaded machine mean nothing).
+
+    python scripts/real_arch_table.py [--summary tests/fixtures/real_arch/summary.json]
+        [--benchmark bench.json] [--readme README.md]
+
+With ``--readme`` the table replaces the lines between the two markers
+``<!-- real-arch-table -->`` and ``<!-- /real-arch-table -->``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+from typing import Any, Dict, List, Optional
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+START, END = "<!-- real-arch-table -->", "<!-- /real-arch-table -->"
+ANCHORS = {"ort": "ORT", "ort_dealiased": "ORT, de-aliased BN stats", "eager_float64": "float64 eager torch"}
+
+
+def _step_times(benchmark: Optional[Dict[str, Any]], row: Dict[str, Any]) -> List[str]:
+    if not benchmark:
+        return ["-", "-", "-"]
+    summary = benchmark.get("summary", {})
+    for key in (row["case"], f"{row['recipe']}_op{row['opset']}", row["recipe"]):
+        if key in summary:
+            ours = summary[key].get("ours", {}).get("step_ms")
+            ort = summary[key].get("ort", {}).get("step_ms")
+            ratio = f"{ours / ort:.2f}" if ours and ort else "-"
+            return [f"{ours:.1f}" if ours else "-", f"{ort:.1f}" if ort else "-", ratio]
+    return ["-", "-", "-"]
+
+
+def _parity(row: Dict[str, Any]) -> str:
+    if not row.get("ok"):
+        return f"not recorded ({row.get('stage')})"
+    verdict = row["verdict"]
+    if verdict["parity"] != "pass":
+        return "**FAIL**"
+    if verdict["rule"] == "elementwise":
+        return "pass, every step elementwise"
+    return f"pass, step 1 elementwise + trajectory ({verdict['trajectory_ours']:.0f} <= {verdict['trajectory_bound']:.0f})"
+
+
+def table(summary: Dict[str, Any], benchmark: Optional[Dict[str, Any]] = None) -> str:
+    lines = ["| model | opset | export | BN running stats | optimizer | anchor | parity | step ms (ours) | "
+             "step ms (ORT) | ours / ORT |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [r for name, r in sorted(summary.items()) if not name.startswith("_")]
+    rows.sort(key=lambda r: (r["recipe"], r["opset"], r["export"], r["stats"], r["optimizer"]))
+    for row in rows:
+        stats = {"frozen": "frozen params", "initializer": "initializers"}[row["stats"]]
+        cells = [row["recipe"], str(row["opset"]), row["export"], stats, row["optimizer"],
+                 ANCHORS.get(row.get("anchor"), "-"), _parity(row), *_step_times(benchmark, row)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--summary", type=pathlib.Path, default=ROOT / "tests" / "fixtures" / "real_arch" / "summary.json")
+    parser.add_argument("--benchmark", type=pathlib.Path)
+    parser.add_argument("--readme", type=pathlib.Path)
+    args = parser.parse_args(argv)
+    summary = json.loads(args.summary.read_text())
+    benchmark = json.loads(args.benchmark.read_text()) if args.benchmark else None
+    text = table(summary, benchmark)
+    if args.readme is None:
+        print(text)
+        return 0
+    readme = args.readme.read_text()
+    if START not in readme or END not in readme:
+        print(f"{args.readme}: markers {START} / {END} not found", file=sys.stderr)
+        return 1
+    head, rest = readme.split(START, 1)
+    _, tail = rest.split(END, 1)
+    args.readme.write_text(f"{head}{START}\n{text}\n{END}{tail}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
