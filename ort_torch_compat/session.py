@@ -183,7 +183,8 @@ class TrainingSession:
             raise TypeError("train_model is required (a path or the model's bytes)")
         train_source = _model_source(train_model, "train_model")
         self._label = f"TrainingSession(train_model={describe(train_source, 'training model')!r})"
-        engine = TrainingEngine(state._state, train_source, _model_source(eval_model, "eval_model"), device)
+        engine = TrainingEngine(state._state, train_source, _model_source(eval_model, "eval_model"), device,
+                                session_options)
         optimizer_source = _model_source(optimizer_model, "optimizer_model")
         self._optimizer: Optional[OptimizerEngine] = (
             None if optimizer_source is None else OptimizerEngine(optimizer_source, engine)

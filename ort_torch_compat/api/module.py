@@ -5,7 +5,6 @@ import os
 from typing import List, Optional, Union
 
 from ..engine import TrainingEngine
-from ..engine.export import export_inference_model
 from .checkpoint_state import CheckpointState
 from ._values import from_tensors, to_tensor, to_tensors
 from .ortvalue import OrtValue
@@ -41,6 +40,7 @@ class Module:
             train_model_uri if isinstance(train_model_uri, bytes) else os.fspath(train_model_uri),
             None if eval_model_uri is None else (eval_model_uri if isinstance(eval_model_uri, bytes) else os.fspath(eval_model_uri)),
             device,
+            session_options,
         )
 
     def __call__(self, *user_inputs):
@@ -69,6 +69,8 @@ class Module:
         self._engine.copy_buffer_to_parameters(to_tensor(buffer, "buffer"), trainable_only)
 
     def export_model_for_inferencing(self, inference_model_uri: Union[str, os.PathLike], graph_output_names: List[str]) -> None:
+        from ..engine.export import export_inference_model  # onnx and the graph tools: at first use
+
         export_inference_model(self._engine, os.fspath(inference_model_uri), list(graph_output_names))
 
     def input_names(self) -> List[str]:

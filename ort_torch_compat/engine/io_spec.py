@@ -5,16 +5,41 @@ comparisons; like ORT there is no implicit cast, and errors say which input is w
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple
 
-import onnx
 import torch
 
 from ..codec.dtypes import torch_dtype
 from ..errors import InvalidInputError
 
-ONNX_TYPE_NAMES = {v: k.lower() for k, v in onnx.TensorProto.DataType.items()}
+if TYPE_CHECKING:
+    import onnx
+
+
+class _OnnxTypeNames(Mapping):
+    """ONNX's element type names by code ('float', 'int64', ...), read from onnx on first use
+    (importing onnx costs about 0.1 s, which `import ort_torch_compat.api` does not pay)."""
+
+    @functools.cached_property
+    def _names(self) -> Dict[int, str]:
+        import onnx
+
+        return {v: k.lower() for k, v in onnx.TensorProto.DataType.items()}
+
+    def __getitem__(self, code: int) -> str:
+        return self._names[code]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+ONNX_TYPE_NAMES = _OnnxTypeNames()
 
 
 @dataclass(frozen=True)
@@ -32,7 +57,7 @@ class ValueSpec:
         return f"tensor({ONNX_TYPE_NAMES.get(self.elem_type, 'undefined')})"
 
 
-def value_spec(info: onnx.ValueInfoProto) -> ValueSpec:
+def value_spec(info: "onnx.ValueInfoProto") -> ValueSpec:
     tensor_type = info.type.tensor_type
     shape = None
     if tensor_type.HasField("shape"):

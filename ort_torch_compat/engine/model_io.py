@@ -2,27 +2,37 @@
 from __future__ import annotations
 
 import os
-from typing import Union
-
-import onnx
-from google.protobuf.message import DecodeError
+import sys
+from typing import TYPE_CHECKING, Union
 
 from ..errors import ModelLoadError
 
-ModelSource = Union[str, "os.PathLike[str]", bytes, bytearray, onnx.ModelProto]
+if TYPE_CHECKING:  # onnx is imported when a model is first read, not with the package
+    import onnx
+
+ModelSource = Union[str, "os.PathLike[str]", bytes, bytearray, "onnx.ModelProto"]
+
+
+def _is_model_proto(source: object) -> bool:
+    """isinstance(source, onnx.ModelProto) without importing onnx (no ModelProto exists before)."""
+    onnx = sys.modules.get("onnx")
+    return onnx is not None and isinstance(source, onnx.ModelProto)
 
 
 def describe(source: ModelSource, role: str) -> str:
     """How to name this artifact in messages: its path, or '<role from buffer>'."""
-    if isinstance(source, (bytes, bytearray, onnx.ModelProto)):
+    if isinstance(source, (bytes, bytearray)) or _is_model_proto(source):
         return f"<{role} from buffer>"
     return os.fspath(source)
 
 
-def load_model(source: ModelSource, role: str) -> onnx.ModelProto:
+def load_model(source: ModelSource, role: str) -> "onnx.ModelProto":
     """Read an ONNX model; FileNotFoundError/IsADirectoryError/ModelLoadError name the file."""
-    if isinstance(source, onnx.ModelProto):
+    if _is_model_proto(source):
         return source
+    import onnx
+    from google.protobuf.message import DecodeError
+
     if isinstance(source, (bytes, bytearray)):
         data = bytes(source)
     else:
@@ -46,5 +56,5 @@ def load_model(source: ModelSource, role: str) -> onnx.ModelProto:
     return model
 
 
-def opset_map(model: onnx.ModelProto) -> dict:
+def opset_map(model: "onnx.ModelProto") -> dict:
     return {("" if entry.domain == "ai.onnx" else entry.domain): entry.version for entry in model.opset_import}

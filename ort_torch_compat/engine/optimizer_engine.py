@@ -17,6 +17,7 @@ from ..errors import ModelMismatchError, NominalStateError
 from ..optim import OptimizerSpec, adamw_step, linear_lr_factor, parse_optimizer_model, sgd_step
 from .model_io import ModelSource, describe, load_model
 from .state import OptimizerState
+from .threads import threaded
 from .training_engine import TrainingEngine
 
 
@@ -76,6 +77,7 @@ class OptimizerEngine:
         return groups
 
     # ---- step -------------------------------------------------------------------------
+    @threaded(lambda optimizer: optimizer.engine.threads)
     def step(self) -> None:
         """One update of every trainable parameter (ORT updates all, with or without grads)."""
         if self.engine.state.is_nominal:

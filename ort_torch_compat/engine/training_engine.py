@@ -7,22 +7,27 @@ gradients, later ones accumulate (InPlaceAccumulatorV2), eval never touches them
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
-import onnx
 import torch
 
 from ..errors import InvalidInputError, ModelLoadError, NominalStateError
-from ..graph import build_graph_module, forward_graph
+from .compiled import TrainStepRunner
 from .host_allocator import tune_host_allocator
 from .io_spec import check_inputs, names
 from .model_io import ModelSource, describe, load_model, opset_map
 from .parameters import ParameterStore
 from .state import TrainingState
+from .threads import ThreadPolicy, thread_setting, threaded
 from .training_graph import GraphIO, check_eval_matches, check_parameter_types, eval_io, training_io
 
+if TYPE_CHECKING:
+    import onnx
 
-def _build(model: onnx.ModelProto, io: GraphIO, label: str) -> torch.nn.Module:
+
+def _build(model: "onnx.ModelProto", io: GraphIO, label: str) -> torch.nn.Module:
+    from ..graph import build_graph_module, forward_graph  # onnx2torch: imported at first use
+
     input_names = names(io.user_inputs) + io.param_names()
     graph = forward_graph(model, io.outputs, input_names, label)
     return build_graph_module(graph, opset_map(model), input_names, io.outputs, label)
@@ -37,15 +42,18 @@ class TrainingEngine:
         train_model: ModelSource,
         eval_model: Optional[ModelSource] = None,
         device: str = "cpu",
+        session_options: object = None,
     ):
         self.state = state
         self.device = torch.device(device)
+        self.threads = ThreadPolicy(thread_setting(session_options))
         tune_host_allocator()
         self.train_label = f"training model {describe(train_model, 'training model')}"
         train_proto = load_model(train_model, "training model")
         self.train_io = training_io(train_proto, state, self.train_label)
         shapes = check_parameter_types(self.train_io, state, self.train_label)
         self.train_module = _build(train_proto, self.train_io, self.train_label).to(self.device).train()
+        self.train_runner = TrainStepRunner(self.train_module, self.train_label, self.device, session_options)
 
         self.eval_source = eval_model
         self.eval_io: Optional[GraphIO] = None
@@ -78,6 +86,7 @@ class TrainingEngine:
                 f"input '{name}' on {tensor.device} cannot be copied to the module's device {self.device}: {error}"
             ) from error
 
+    @threaded(lambda engine: engine.threads, measure=lambda engine: engine.train_runner.path)
     def train_step(self, inputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
         if self.state.is_nominal:
             raise NominalStateError(
@@ -89,7 +98,7 @@ class TrainingEngine:
         if not self._accumulate:
             self.store.release_grads()
         with torch.enable_grad():
-            outputs = self.train_module(*feeds, *self._train_params)
+            outputs = self.train_runner(*feeds, *self._train_params)
             loss = outputs[0]
             if loss.requires_grad:
                 loss.backward(torch.ones_like(loss) if loss.dim() else None)
@@ -98,6 +107,7 @@ class TrainingEngine:
         self._accumulate = True
         return [out.detach() for out in outputs]
 
+    @threaded(lambda engine: engine.threads)
     def eval_step(self, inputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
         if self.eval_module is None:
             raise ModelLoadError("Eval model was not provided. Cannot run an eval step.")
