@@ -158,8 +158,10 @@ class TrainingSession:
     parameters, gradients, optimizer moments and properties all live in that state, so
     `save_checkpoint(state, ...)` saves the current training state.
 
-    `device` is "cpu", "cuda" or "cuda:N".  `session_options` is accepted for signature
-    compatibility; ORT's session options have no meaning for the torch engine.
+    `device` is "cpu", "cuda" or "cuda:N".  Of `session_options` (ORT's, or any object
+    with the same attributes) the engine uses `intra_op_num_threads` (its thread count; 0:
+    measured), `graph_optimization_level` ORT_DISABLE_ALL (no compiled train steps) and the
+    config entry "ort_torch_compat.compile" ("auto", "on", "off"); see README, Performance.
 
     Lifecycle: `release()` (`ReleaseTrainingSession`, C# `Dispose`) or a `with` block; any
     later call raises `ort_torch_compat.errors.ReleasedError`.  Releasing the session does not

@@ -15,8 +15,10 @@ PathOrBytes = Union[str, os.PathLike, bytes]
 class Module:
     """Training and evaluation of ORT training artifacts on PyTorch.
 
-    `device` is "cpu", "cuda" or "cuda:N".  `session_options` is accepted for signature
-    compatibility; ORT's session options have no meaning for the torch engine.
+    `device` is "cpu", "cuda" or "cuda:N".  Of `session_options` (ORT's, or any object
+    with the same attributes) the engine uses `intra_op_num_threads` (its thread count; 0:
+    measured), `graph_optimization_level` ORT_DISABLE_ALL (no compiled train steps) and the
+    config entry "ort_torch_compat.compile" ("auto", "on", "off"); see README, Performance.
     Inputs may be numpy arrays (outputs come back as numpy), OrtValues (outputs are
     OrtValues) or torch tensors (outputs are torch tensors on the module's device: the
     zero-copy path).

@@ -27,7 +27,6 @@ from torch import fx
 
 from . import kernels
 
-_SCALAR_READ = "aten._local_scalar_dense"
 
 
 class NotSpecializable(RuntimeError):
@@ -103,7 +102,7 @@ def _check_traced(graph: fx.Graph, variable: Set[str]) -> None:
             continue
         if torch.Tag.nondeterministic_seeded in node.target.tags:
             raise NotSpecializable(f"the graph draws random numbers ({node.target.name()}, e.g. Dropout)")
-        if node.target.name() == _SCALAR_READ:
+        if node.target is torch.ops.aten._local_scalar_dense.default:  # .item(), .tolist(), bool()
             sources = [n.name for n in _ancestors(node) if n.op == "placeholder" and n.name in variable]
             if sources:
                 raise NotSpecializable("the graph's control flow reads tensor values computed from inputs or "
