@@ -147,7 +147,7 @@ def _train(engine: TrainingEngine, spec: dict, steps: int) -> list:
 @pytest.mark.skipif(compiled.cxx_compiler() is None, reason="needs a C++ compiler")
 def test_compiled_step_matches_eager_and_loads_from_the_cache(monkeypatch):
     monkeypatch.setenv(compiled.CACHE_ENV, str(TEST_CACHE))
-    monkeypatch.setattr(compiled, "_FASTER", float("inf"))  # use it even where it is not faster
+    monkeypatch.setattr(compiled, "_FASTER", float("inf"))  # "auto" uses it even where it is not faster
     config = "cnn_ce_adamw_op17"  # BatchNorm: in-place running statistics through the compiled step
     eager, spec = _engine(config, **{compiled.CONFIG_KEY: "off"})
     first, _ = _engine(config, **{compiled.CONFIG_KEY: "on"})
@@ -160,7 +160,7 @@ def test_compiled_step_matches_eager_and_loads_from_the_cache(monkeypatch):
         for e, a in zip(step_expected, step_actual):
             torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
 
-    warm, _ = _engine(config)  # "auto": a cached compilation is used from the first step on
+    warm, _ = _engine(config, **{compiled.CONFIG_KEY: "auto"})  # a cached compilation is used from the first step
     _train(warm, spec, 1)
     assert warm.train_runner.path == "compiled" and warm.train_runner.compile_seconds is None
 

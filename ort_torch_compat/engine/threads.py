@@ -111,10 +111,9 @@ class ThreadPolicy:
         try:
             yield
         finally:
-            elapsed = time.perf_counter() - begin
             if count != previous:
                 torch.set_num_threads(previous)
-            self._record(key, count, elapsed)
+        self._record(key, count, time.perf_counter() - begin)  # failed calls are no measurement
 
     # ---- the measured choice ----------------------------------------------------------
     def _next(self, key: Tuple[str, int], ceiling: int) -> int:

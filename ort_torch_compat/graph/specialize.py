@@ -158,6 +158,11 @@ def specialize(module: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -
                 value = graph.call_function(torch.ops.aten.clone.default, (value,))
             fresh.append(value)
     output.args = (tuple(fresh),)
+    for node in graph.nodes:
+        # A view recorded on the trace's real strides may not be a view of the strides the
+        # compiler picks; in a graph without in-place updates reshape means the same.
+        if node.op == "call_function" and node.target is torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
     graph.eliminate_dead_code()
     for node in graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and \
