@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import pickle
 import warnings
 
 import numpy as np
@@ -160,7 +161,10 @@ def test_compiled_step_matches_eager_and_loads_from_the_cache(monkeypatch):
         for e, a in zip(step_expected, step_actual):
             torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
 
-    warm, _ = _engine(config, **{compiled.CONFIG_KEY: "auto"})  # a cached compilation is used from the first step
+    # A cached compilation is used from the first step, read without unpickling anything.
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("the cache must not be unpickled"))
+    monkeypatch.setattr(pickle, "loads", lambda *a, **k: pytest.fail("the cache must not be unpickled"))
+    warm, _ = _engine(config, **{compiled.CONFIG_KEY: "auto"})
     _train(warm, spec, 1)
     assert warm.train_runner.path == "compiled" and warm.train_runner.compile_seconds is None
 

@@ -29,6 +29,7 @@ shapes than the first batch's, eval steps and CUDA run eagerly.
 """
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import inspect
@@ -53,7 +54,7 @@ CACHE_ENV = "ORT_TORCH_COMPAT_CACHE_DIR"
 AFTER_ENV = "ORT_TORCH_COMPAT_COMPILE_AFTER"
 SETTINGS = ("off", "on", "auto")
 _ALIASES = {"0": "off", "false": "off", "no": "off", "1": "on", "true": "on", "yes": "on"}
-_FORMAT = 3  # bump when what is cached changes meaning
+_FORMAT = 4  # bump when what is cached changes meaning
 _AUTO_AFTER_S = 60.0  # "auto" compiles after this much eager training time (compiling takes 0.5-10 min)
 _BACKWARD_FACTOR = 3.0  # a forward+backward step costs about three forward passes
 _CHECK_RTOL, _CHECK_ATOL, _CHECK_GRAD_RTOL = 1e-3, 1e-5, 0.05
@@ -370,6 +371,18 @@ def _step_times(step: CompiledTrainStep, module: fx.GraphModule, tensors: Sequen
 
 
 # ---- cache --------------------------------------------------------------------------------
+def _encode_tensor(tensor: torch.Tensor) -> Dict:
+    """A small constant as JSON (the cache is read without unpickling, like every other file)."""
+    return {"dtype": str(tensor.dtype).replace("torch.", ""), "shape": list(tensor.shape),
+            "data": base64.b64encode(_tensor_bytes(tensor)).decode("ascii")}
+
+
+def _decode_tensor(record: Dict) -> torch.Tensor:
+    data = bytearray(base64.b64decode(record["data"]))
+    flat = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    return flat.view(getattr(torch, record["dtype"])).reshape(record["shape"])
+
+
 def _read_meta(directory: pathlib.Path) -> Optional[Dict]:
     try:
         return json.loads((directory / "meta.json").read_text())
@@ -481,7 +494,7 @@ class TrainStepRunner:
             return
         try:
             spec_constants = lifted_constants(self.module)
-            trace_constants = torch.load(directory / "trace_constants.pt", weights_only=True)
+            trace_constants = [_decode_tensor(record) for record in meta["trace_constants"]]
             self.compiled = CompiledTrainStep(directory, meta, spec_constants + trace_constants)
             self._state = "compiled"
         except Exception as error:  # noqa: BLE001
@@ -504,7 +517,7 @@ class TrainStepRunner:
             def build(scratch: pathlib.Path) -> Dict:
                 meta = _compile(spec, tensors, scratch)
                 trace_constants = spec.constants[len(lifted_constants(self.module)):]
-                torch.save(trace_constants, scratch / "trace_constants.pt")
+                meta["trace_constants"] = [_encode_tensor(constant) for constant in trace_constants]
                 step = CompiledTrainStep(scratch, meta, spec.constants)
                 _self_check(step, self.module, tensors)
                 meta["eager_ms"], meta["compiled_ms"] = _step_times(step, self.module, tensors)
