@@ -148,8 +148,10 @@ class TrainingSession:
     parameters, gradients, optimizer moments and properties all live in that state, so
     `save_checkpoint(state, ...)` saves the current training state.
 
-    `device` is "cpu", "cuda" or "cuda:N".  `session_options` is accepted for signature
-    compatibility; ORT's session options have no meaning for the torch engine.
+    `device` is "cpu", "cuda" or "cuda:N".  Of `session_options` (ORT's, or any object
+    with the same attributes) the engine uses `intra_op_num_threads` (its thread count; 0:
+    measured), `graph_optimization_level` ORT_DISABLE_ALL (no compiled train steps) and the
+    config entry "ort_torch_compat.compile" ("auto", "on", "off"); see README, Performance.
 
     Lifecycle: `release()` (`ReleaseTrainingSession`, C# `Dispose`) or a `with` block; any
     later call raises `ort_torch_compat.errors.ReleasedError`.  Releasing the session does not
@@ -173,7 +175,8 @@ class TrainingSession:
             raise TypeError("train_model is required (a path or the model's bytes)")
         train_source = _model_source(train_model, "train_model")
         self._label = f"TrainingSession(train_model={describe(train_source, 'training model')!r})"
-        engine = TrainingEngine(state._state, train_source, _model_source(eval_model, "eval_model"), device)
+        engine = TrainingEngine(state._state, train_source, _model_source(eval_model, "eval_model"), device,
+                                session_options=session_options)
         optimizer_source = _model_source(optimizer_model, "optimizer_model")
         self._optimizer: Optional[OptimizerEngine] = (
             None if optimizer_source is None else OptimizerEngine(optimizer_source, engine)

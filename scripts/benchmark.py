@@ -1,17 +1,31 @@
 """Step-time benchmark: onnxruntime-training 1.19.2 vs ort_torch_compat vs eager PyTorch.
 
-    python scripts/benchmark.py [--rounds 5] [--steps 30] [--device cpu|cuda] [--json out.json]
+    python scripts/benchmark.py [--models mlp cnn ... | --models all] [--background 0 2]
+        [--rounds 5] [--steps 30] [--warmup 10] [--threads N] [--device cpu|cuda]
+        [--json out.json]
+    python scripts/benchmark.py --table out.json
+    python scripts/measure_readme_figures.py --write --skip-quick --benchmark-json out.json   # README's table
 
-For each model (MLP 784-1024-1024-10 @128, CNN Conv/BN/MaxPool on 3x32x32 @32, 2-layer
-transformer encoder d=256/4 heads/seq 64 @16; all CrossEntropy + AdamW artifacts made by
-generate_artifacts), one training step is `module(x, y); optimizer.step();
-module.lazy_reset_grad()` (eager: forward, loss, backward, torch.optim.AdamW step,
-zero_grad).  Every (backend, model) measurement runs in a fresh process; rounds are
-interleaved (round 1: ort, ours, eager; round 2: ...) so machine noise hits all backends
-alike, and the table reports medians over rounds of the per-round median step time, plus
-setup time (load checkpoint + build Module + Optimizer), the library's import time (after
-`import torch`) and peak RSS.
-Artifacts are generated once into --work (needs onnxruntime-training to generate).
+Models: `mlp`, `cnn`, `transformer` (hand-made, below) and the real architectures of
+scripts/real_arch_models.py at their "bench" size (`mobilenet_v2` with a frozen backbone,
+`resnet18`, `bert`, `gpt2`, `vit`, `lstm`, `lora`, ...), all CrossEntropy + AdamW
+artifacts made by generate_artifacts (opset 17).  One training step is
+`module(x, y); optimizer.step(); module.lazy_reset_grad()` (eager: forward, loss,
+backward, fused torch.optim.AdamW step, zero_grad).
+
+Load (`--background N`): N busy processes (one spinning Python loop each) run during the
+measurements, started before and stopped after each load level: the machine a desktop
+app, a federated-learning client or a CI runner shares with the training.
+
+Method: every (load, model, backend) measurement runs in a fresh process; rounds are
+interleaved (round 1: ort, ours, eager for every model; round 2: ...) so machine noise hits
+all backends alike; the table reports medians over rounds of the per-round median step
+time (wall and CPU time), setup (load checkpoint + build Module and Optimizer), the first
+step (for ours: loads the compiled step from the cache), the library's import time (after
+`import torch`) and peak RSS, and the ratios to ORT and eager.  Before the rounds, one
+extra process per model compiles our train step into the benchmark's own cache
+(`--work`/cache, reported as "compile s", the cold compile time), so the rounds measure a
+warm start, as every run after the first one is.
 """
 from __future__ import annotations
 
@@ -19,46 +33,40 @@ import argparse
 import json
 import os
 import pathlib
+import platform
 import statistics
 import subprocess
 import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
 BACKENDS = ("ort", "ours", "eager")
+HAND_MADE = ("mlp", "cnn", "transformer")
+ZOO_DEFAULT = ("mobilenet_v2", "resnet18", "bert", "gpt2", "vit", "lstm", "lora")
 MAX_IR_VERSION = 10
 
 
 # ---- models -------------------------------------------------------------------------------
-def build_model(name: str):
-    """(model, example input, classes); parameters get a little noise so no two are equal:
-    the ONNX exporter would merge identical initializers (e.g. the deep-copied layers of a
-    TransformerEncoder) into one tied weight, and ORT would then train a different model."""
-    import torch
-
-    model, example, classes = _base_model(name)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 1e-3)
-    return model, example, classes
-
-
-def _base_model(name: str):
+def _hand_made(name: str):
+    """(model, {input name: tensor}, classes); parameters get a little noise so no two are
+    equal: the ONNX exporter would merge identical initializers (e.g. the deep-copied layers
+    of a TransformerEncoder) into one tied weight, and ORT would then train another model."""
     import torch
 
     torch.manual_seed(0)
     if name == "mlp":
         model = torch.nn.Sequential(torch.nn.Linear(784, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
                                     torch.nn.ReLU(), torch.nn.Linear(1024, 10))
-        return model, torch.randn(128, 784), 10
-    if name == "cnn":
+        example = torch.randn(128, 784)
+    elif name == "cnn":
         model = torch.nn.Sequential(
             torch.nn.Conv2d(3, 32, 3, padding=1, bias=False), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
             torch.nn.MaxPool2d(2),
             torch.nn.Conv2d(32, 64, 3, padding=1, bias=False), torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
             torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(64 * 8 * 8, 10))
-        return model, torch.randn(32, 3, 32, 32), 10
-    if name == "transformer":
+        example = torch.randn(32, 3, 32, 32)
+    elif name == "transformer":
         class Encoder(torch.nn.Module):
             def __init__(self):
                 super().__init__()
@@ -69,30 +77,69 @@ def _base_model(name: str):
             def forward(self, x):
                 return self.head(self.encoder(x).mean(dim=1))
 
-        return Encoder(), torch.randn(16, 64, 256), 10
-    raise ValueError(name)
+        model, example = Encoder(), torch.randn(16, 64, 256)
+    else:
+        raise ValueError(name)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 1e-3)
+    model.train(name == "cnn")
+    return model, {"input": example}, 10
 
 
-def make_artifacts(name: str, directory: pathlib.Path) -> None:
+class Workload:
+    """A benchmark model: the torch model (eager), its inputs and how to make artifacts."""
+
+    def __init__(self, name: str):
+        self.name = name
+        if name in HAND_MADE:
+            self.model, self.inputs, self.classes = _hand_made(name)
+            self.frozen = lambda param: False
+        else:
+            import real_arch_models as zoo
+
+            built = zoo.RECIPES[name].build("bench")
+            if built.loss != "ce":
+                raise ValueError(f"{name}: the benchmark times CrossEntropy models, this one uses {built.loss}")
+            self.model, self.classes, self.frozen = built.model, built.classes, built.frozen
+            self.inputs = {input_name: tensor for input_name, tensor, *_ in built.inputs}
+            self.model.train()
+
+    def make_artifacts(self, directory: pathlib.Path) -> None:
+        if self.name in HAND_MADE:
+            _hand_made_artifacts(self, directory)
+        else:
+            import real_arch_artifacts
+
+            real_arch_artifacts.make_artifacts(self.name, directory, real_arch_artifacts.Variant(opset=17), size="bench")
+
+    def labels(self, directory: pathlib.Path):
+        """Seeded labels shaped like the training model's `labels` input."""
+        import numpy as np
+        import onnx
+
+        model = onnx.load(str(directory / "training_model.onnx"), load_external_data=False)
+        spec = next(i for i in model.graph.input if i.name == "labels")
+        shape = [d.dim_value for d in spec.type.tensor_type.shape.dim]
+        return np.random.default_rng(0).integers(0, self.classes, size=shape).astype(np.int64)
+
+
+def _hand_made_artifacts(work: Workload, directory: pathlib.Path) -> None:
     import onnx
     import torch
     from onnxruntime.training import artifacts
-
-    sys.path.insert(0, str(ROOT / "scripts"))
     from prepare_for_artifacts import prepare_eval_model, prepare_model
 
-    model, example, _ = build_model(name)
-    training = torch.onnx.TrainingMode.TRAINING if name == "cnn" else torch.onnx.TrainingMode.EVAL
-    model.train(name == "cnn")
+    training = torch.onnx.TrainingMode.TRAINING if work.name == "cnn" else torch.onnx.TrainingMode.EVAL
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "model.onnx"
-    torch.onnx.export(model, (example,), str(path), input_names=["input"], output_names=["output"], dynamo=False,
-                      opset_version=17, training=training, do_constant_folding=False)
+    torch.onnx.export(work.model, tuple(work.inputs.values()), str(path), input_names=list(work.inputs),
+                      output_names=["output"], dynamo=False, opset_version=17, training=training,
+                      do_constant_folding=False)
     proto = prepare_model(onnx.load(str(path)))
     names = [init.name for init in proto.graph.initializer]
     frozen = [n for n in names if "running_" in n or "num_batches" in n]
-    trainable = [n for n in names if n not in frozen]
-    artifacts.generate_artifacts(proto, requires_grad=trainable, frozen_params=frozen,
+    artifacts.generate_artifacts(proto, requires_grad=[n for n in names if n not in frozen], frozen_params=frozen,
                                  loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.AdamW,
                                  artifact_directory=str(directory))
     for file in ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx"):
@@ -100,140 +147,260 @@ def make_artifacts(name: str, directory: pathlib.Path) -> None:
         p = prepare_eval_model(p) if file == "eval_model.onnx" else p  # ORT refuses 3-output eval BN
         p.ir_version = min(p.ir_version, MAX_IR_VERSION)
         onnx.save(p, str(directory / file))
-    torch.save(model.state_dict(), directory / "eager_state.pt")
 
 
 # ---- one measurement (child process) --------------------------------------------------------
-def measure(backend: str, name: str, directory: pathlib.Path, steps: int, warmup: int, device: str) -> dict:
-    import resource
-
+def measure(backend: str, name: str, directory: pathlib.Path, steps: int, warmup: int, device: str,
+            threads: int) -> dict:
     import numpy as np
     import torch
 
-    _, example, classes = build_model(name)
-    rng = np.random.default_rng(0)
-    x = example.numpy()
-    y = rng.integers(0, classes, size=(x.shape[0],)).astype(np.int64)
+    if threads:
+        torch.set_num_threads(threads)
+    # Only the eager backend builds the torch model (transformers and torchvision are not
+    # imported by the others: they would count in their memory); all read the same inputs.
+    work = Workload(name) if backend == "eager" else None
+    with np.load(directory / "inputs.npz") as saved:
+        feeds = {key: saved[key] for key in saved.files}
     begin_import = time.perf_counter()
     if backend == "ort":
+        import onnxruntime
         from onnxruntime.training import api
     elif backend == "ours":
         from ort_torch_compat import api
     import_s = time.perf_counter() - begin_import  # torch itself is already imported by all
     start = time.perf_counter()  # setup = load + build, imports excluded (they are process start-up)
+    extra = {}
     if backend == "eager":
-        model, _, _ = build_model(name)
-        model.load_state_dict(torch.load(directory / "eager_state.pt", weights_only=True))
-        model.to(device).train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=1e-6, weight_decay=0.0)
-        xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+        model = work.model.to(device)
+        for param_name, param in model.named_parameters():
+            param.requires_grad_(not work.frozen(param_name))
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=1e-3, eps=1e-6, weight_decay=0.0, fused=True)
+        tensors = [torch.from_numpy(feeds[key]).to(device) for key in feeds if key != "labels"]
+        labels = torch.from_numpy(feeds["labels"]).to(device)
 
         def step():
-            loss = torch.nn.functional.cross_entropy(model(xt), yt)
+            loss = torch.nn.functional.cross_entropy(model(*tensors), labels)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
     else:
-        if backend == "ort":
-            xt, yt = x, y
-        else:  # torch tensors on the device: the zero-copy path (numpy inputs also work)
-            xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
         state = api.CheckpointState.load_checkpoint(str(directory / "checkpoint"))
-        module = api.Module(str(directory / "training_model.onnx"), state, str(directory / "eval_model.onnx"),
-                            device=device)
+        if backend == "ort":
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = threads
+            module = api.Module(str(directory / "training_model.onnx"), state, session_options=options)
+            values = [feeds[key] for key in module.input_names()]
+        else:  # torch tensors on the device: the zero-copy path (numpy inputs also work)
+            module = api.Module(str(directory / "training_model.onnx"), state, device=device)
+            values = [torch.from_numpy(feeds[key]).to(device) for key in module.input_names()]
         optimizer = api.Optimizer(str(directory / "optimizer_model.onnx"), module)
 
         def step():
-            module(xt, yt)
+            module(*values)
             optimizer.step()
             module.lazy_reset_grad()
     setup = time.perf_counter() - start
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    begin = time.perf_counter()
+    step()
+    sync()
+    first_ms = 1000 * (time.perf_counter() - begin)
+    if backend == "ours":
+        runner = module._engine.train_runner
+        extra = {"compiled": runner.path == "compiled", "compile_s": runner.compile_seconds}
     for _ in range(warmup):
         step()
     sync()
-    times = []
+    wall, cpu = [], []
     for _ in range(steps):
-        begin = time.perf_counter()
+        begin, begin_cpu = time.perf_counter(), time.process_time()
         step()
         sync()
-        times.append(time.perf_counter() - begin)
-    return {"step_ms": 1000 * statistics.median(times), "setup_s": setup, "import_s": import_s,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        wall.append(time.perf_counter() - begin)
+        cpu.append(time.process_time() - begin_cpu)
+    return {"step_ms": 1000 * statistics.median(wall), "cpu_ms": 1000 * statistics.median(cpu), "setup_s": setup,
+            "first_ms": first_ms, "import_s": import_s,
+            "peak_rss_mb": _peak_rss_mb(), **extra}
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory: VmHWM (getrusage's ru_maxrss starts from the
+    parent's peak, which is the driver's, since Linux keeps it across fork and exec)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # ---- driver ---------------------------------------------------------------------------------
-def run_child(backend: str, name: str, directory: pathlib.Path, args) -> dict:
-    command = [sys.executable, __file__, "--child", backend, name, str(directory), "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--device", args.device]
-    out = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+def run_child(backend: str, name: str, directory: pathlib.Path, args, environment: dict, steps=None) -> dict:
+    command = [sys.executable, __file__, "--child", backend, name, str(directory),
+               "--steps", str(steps if steps is not None else args.steps), "--warmup", str(args.warmup),
+               "--device", args.device, "--threads", str(args.threads)]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=3600, env=environment)
     if out.returncode != 0:
-        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
+        lines = out.stderr.strip().splitlines()
+        return {"error": lines[-1][:300] if lines else f"exit {out.returncode}"}
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+class Background:
+    """N busy processes (spinning Python loops) for the duration of a `with` block."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self.processes = []
+
+    def __enter__(self):
+        loop = "while True:\n    pass\n"
+        self.processes = [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(self.count)]
+        time.sleep(1.0 if self.count else 0.0)  # let the scheduler see them before the first measurement
+        return self
+
+    def __exit__(self, *exc):
+        for process in self.processes:
+            process.kill()
+        for process in self.processes:
+            process.wait()
+
+
+def summarize(results: dict) -> dict:
+    summary: dict = {}
+    for load, models in results.items():
+        for name, backends in models.items():
+            for backend, runs in backends.items():
+                ok = [r for r in runs if "error" not in r]
+                if not ok:
+                    row = {"error": runs[0]["error"] if runs else "not run"}
+                else:
+                    numeric = [k for k in ok[0] if isinstance(ok[0][k], (int, float)) and not isinstance(ok[0][k], bool)]
+                    row = {key: statistics.median(r[key] for r in ok if r.get(key) is not None) for key in numeric
+                           if any(r.get(key) is not None for r in ok)}
+                    if "compiled" in ok[0]:
+                        row["compiled"] = all(r.get("compiled") for r in ok)
+                summary.setdefault(load, {}).setdefault(name, {})[backend] = row
+    return summary
+
+
+def table(report: dict, markdown: bool = False) -> str:
+    """The result table (plain text for the console, markdown for README)."""
+    columns = ["load", "model", "backend", "step ms", "cpu ms", "vs ort", "vs eager", "setup s", "first step ms",
+               "compile s", "import s", "peak RSS MB"]
+    rows = []
+    for load, models in report["summary"].items():
+        for name, backends in models.items():
+            for backend, row in backends.items():
+                if "error" in row:
+                    rows.append([load, name, backend, "error: " + row["error"][:80]] + [""] * (len(columns) - 4))
+                    continue
+                ratios = []
+                for ref in ("ort", "eager"):
+                    ref_row = backends.get(ref, {})
+                    ratios.append(f"{row['step_ms'] / ref_row['step_ms']:.2f}" if "step_ms" in ref_row else "-")
+                compile_s = report.get("compile", {}).get(name, {}).get("compile_s")
+                label = backend + ("" if backend != "ours" or row.get("compiled", True) else " (eager)")
+                rows.append([load, name, label, f"{row['step_ms']:.2f}", f"{row['cpu_ms']:.2f}", ratios[0], ratios[1],
+                             f"{row['setup_s']:.2f}", f"{row['first_ms']:.0f}",
+                             f"{compile_s:.0f}" if backend == "ours" and compile_s else "",
+                             f"{row['import_s']:.2f}", f"{row['peak_rss_mb']:.0f}"])
+    if markdown:
+        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+        return "\n".join(lines)
+    widths = [max(len(str(c)) for c in [col] + [r[i] for r in rows]) for i, col in enumerate(columns)]
+    lines = ["  ".join(str(c).rjust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def conditions(report: dict) -> str:
+    machine = report["machine"]
+    return (f"{machine['cpus']} CPUs ({machine['processor'] or machine['platform']}), torch {machine['torch']}, "
+            f"threads {machine['threads'] or 'default'}, device {machine['device']}; {report['rounds']} interleaved "
+            f"rounds of {report['steps']} steps after {report['warmup']} warm-up steps, medians; load = number of "
+            "busy background processes")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["mlp", "cnn", "transformer"])
+    parser.add_argument("--models", nargs="+", default=list(HAND_MADE + ZOO_DEFAULT),
+                        help="model names, or 'all' (every recipe ORT can train)")
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS))
+    parser.add_argument("--background", nargs="+", type=int, default=[0], help="load levels (busy processes)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=0, help="intra-op threads for every backend (0: defaults)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--work", type=pathlib.Path, default=ROOT / "bench_out")
     parser.add_argument("--json", type=pathlib.Path, default=None)
+    parser.add_argument("--table", type=pathlib.Path, default=None, help="print the table of a JSON report")
     parser.add_argument("--child", nargs=3, metavar=("BACKEND", "MODEL", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         backend, name, directory = args.child
-        print(json.dumps(measure(backend, name, pathlib.Path(directory), args.steps, args.warmup, args.device)))
+        print(json.dumps(measure(backend, name, pathlib.Path(directory), args.steps, args.warmup, args.device,
+                                 args.threads)))
         return
+    if args.table:
+        report = json.loads(args.table.read_text())
+        print(conditions(report) + "\n" + table(report))
+        return
+    if args.models == ["all"]:
+        import real_arch_models as zoo
+
+        args.models = list(HAND_MADE) + [name for name, recipe in zoo.RECIPES.items() if recipe.ort_trains]
+    import numpy as np
+
     backends = [b for b in args.backends if not (b == "ort" and args.device != "cpu")]
-    results: dict = {m: {b: [] for b in backends} for m in args.models}
+    environment = dict(os.environ, ORT_TORCH_COMPAT_CACHE_DIR=str(args.work / "cache"))
     for name in args.models:
         directory = args.work / name
-        if not (directory / "checkpoint").exists():
-            make_artifacts(name, directory)
-    for round_index in range(args.rounds):
+        if not (directory / "checkpoint").exists() or not (directory / "inputs.npz").exists():
+            work = Workload(name)
+            if not (directory / "checkpoint").exists():
+                work.make_artifacts(directory)
+            feeds = {key: tensor.numpy() for key, tensor in work.inputs.items()}
+            np.savez(directory / "inputs.npz", **feeds, labels=work.labels(directory))
+    compile_report = {}
+    if "ours" in backends:  # a cold compile per model: reported, and warms the cache for the rounds
         for name in args.models:
-            for backend in backends:
-                results[name][backend].append(run_child(backend, name, args.work / name, args))
-        print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr)
-
-    summary = {}
-    for name in args.models:
-        summary[name] = {}
-        for backend in backends:
-            ok = [r for r in results[name][backend] if "error" not in r]
-            if not ok:
-                summary[name][backend] = {"error": results[name][backend][0]["error"]}
-                continue
-            summary[name][backend] = {key: statistics.median(r[key] for r in ok) for key in ok[0]}
-    header = (f"{'model':<12}{'backend':<8}{'step ms':>10}{'setup s':>10}{'import s':>10}{'peak RSS MB':>13}"
-              f"{'vs ort':>9}{'vs eager':>10}")
-    lines = [header, "-" * len(header)]
-    for name in args.models:
-        for backend in backends:
-            row = summary[name][backend]
-            if "error" in row:
-                lines.append(f"{name:<12}{backend:<8}  error: {row['error']}")
-                continue
-            ratios = []
-            for ref in ("ort", "eager"):
-                ref_row = summary[name].get(ref, {})
-                ratios.append(f"{row['step_ms'] / ref_row['step_ms']:.2f}" if "step_ms" in ref_row else "-")
-            lines.append(f"{name:<12}{backend:<8}{row['step_ms']:>10.2f}{row['setup_s']:>10.2f}{row['import_s']:>10.2f}"
-                         f"{row['peak_rss_mb']:>13.0f}{ratios[0]:>9}{ratios[1]:>10}")
-    table = "\n".join(lines)
-    print(table)
+            cold = run_child("ours", name, args.work / name, args, dict(environment, ORT_TORCH_COMPAT_COMPILE="on"),
+                             steps=1)
+            compile_report[name] = {"compile_s": cold.get("compile_s"), "compiled": cold.get("compiled"),
+                                    "error": cold.get("error")}
+            print(f"{name}: cold compile {compile_report[name]}", file=sys.stderr)
+    results: dict = {}
+    for load in args.background:
+        results[str(load)] = {m: {b: [] for b in backends} for m in args.models}
+        with Background(load):
+            for round_index in range(args.rounds):
+                for name in args.models:
+                    for backend in backends:
+                        results[str(load)][name][backend].append(
+                            run_child(backend, name, args.work / name, args, environment))
+                print(f"load {load}: round {round_index + 1}/{args.rounds} done", file=sys.stderr)
+    machine = {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
+               "torch": _torch_version(), "threads": args.threads, "device": args.device}
+    report = {"machine": machine, "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup,
+              "compile": compile_report, "summary": summarize(results), "raw": results}
+    print(conditions(report) + "\n" + table(report))
     if args.json:
-        import platform
+        args.json.write_text(json.dumps(report, indent=1))
 
-        import torch
-        machine = {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-                   "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "device": args.device}
-        args.json.write_text(json.dumps({"machine": machine, "rounds": args.rounds, "steps": args.steps,
-                                         "summary": summary, "raw": results, "table": table}, indent=1))
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
 
 
 if __name__ == "__main__":

@@ -2,10 +2,10 @@
 (``tests/fixtures/real_arch/summary.json``) and, optionally, a scripts/benchmark.py JSON.
 
 Parity is the verdict of the rule in tests/parity_rule.py at recording time (the tests
-re-check it on every run).  Step times come only from a benchmark JSON (``--benchmark``): its
-``summary[model][backend]["step_ms"]`` for backends ``ours`` and ``ort``, where ``model`` is
-the case name, ``<recipe>_op<opset>`` or the recipe name (first found); cells stay "-"
-otherwise (timings taken on a loaded machine mean nothing).
+re-check it on every run).  Step times come only from a benchmark JSON (``--benchmark``), its
+idle-machine medians, on the row of the configuration the benchmark makes (opset 17, train
+export, frozen running stats, AdamW); cells stay "-" otherwise (timings taken during a test
+run on a loaded machine mean nothing).
 
     python scripts/real_arch_table.py [--summary tests/fixtures/real_arch/summary.json]
         [--benchmark bench.json] [--readme README.md]
@@ -27,16 +27,17 @@ ANCHORS = {"ort": "ORT", "ort_dealiased": "ORT, de-aliased BN stats", "eager_flo
 
 
 def _step_times(benchmark: Optional[Dict[str, Any]], row: Dict[str, Any]) -> List[str]:
-    if not benchmark:
+    """The idle-machine step times of the benchmark's configuration of this recipe (opset 17,
+    train-mode export, running stats frozen, AdamW; at the recipe's "bench" size): only that
+    row gets them."""
+    benchmark_row = (row["opset"], row["export"], row["stats"], row["optimizer"]) == (17, "train", "frozen", "adamw")
+    idle = (benchmark or {}).get("summary", {}).get("0", {})
+    if not benchmark_row or row["recipe"] not in idle:
         return ["-", "-", "-"]
-    summary = benchmark.get("summary", {})
-    for key in (row["case"], f"{row['recipe']}_op{row['opset']}", row["recipe"]):
-        if key in summary:
-            ours = summary[key].get("ours", {}).get("step_ms")
-            ort = summary[key].get("ort", {}).get("step_ms")
-            ratio = f"{ours / ort:.2f}" if ours and ort else "-"
-            return [f"{ours:.1f}" if ours else "-", f"{ort:.1f}" if ort else "-", ratio]
-    return ["-", "-", "-"]
+    ours = idle[row["recipe"]].get("ours", {}).get("step_ms")
+    ort = idle[row["recipe"]].get("ort", {}).get("step_ms")
+    ratio = f"{ours / ort:.2f}" if ours and ort else "-"
+    return [f"{ours:.1f}" if ours else "-", f"{ort:.1f}" if ort else "-", ratio]
 
 
 def _parity(row: Dict[str, Any]) -> str:

@@ -41,6 +41,10 @@ SKIPPED: Dict[str, str] = {
         "downloads torch from PyTorch's index",
     'pip install -e ".[test]"': "would reinstall into the test environment (its extras are checked)",
     "torchrun --nproc_per_node 8 examples/ddp_train.py --device cuda --out ddp_run": "needs 8 CUDA GPUs",
+    "python scripts/benchmark.py --background 0 2 --json bench.json":
+        "runs for hours with onnxruntime-training (the benchmark is the instrument, never a test)",
+    "python scripts/measure_readme_figures.py --write --skip-quick --benchmark-json bench.json":
+        "rewrites README from the report of the benchmark above",
 }
 
 

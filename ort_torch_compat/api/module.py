@@ -5,7 +5,6 @@ import os
 from typing import List, Optional, Union
 
 from ..engine import TrainingEngine
-from ..engine.export import export_inference_model
 from ..values import OrtValue, from_tensors, to_tensor, to_tensors
 from .checkpoint_state import CheckpointState
 
@@ -15,8 +14,10 @@ PathOrBytes = Union[str, os.PathLike, bytes]
 class Module:
     """Training and evaluation of ORT training artifacts on PyTorch.
 
-    `device` is "cpu", "cuda" or "cuda:N".  `session_options` is accepted for signature
-    compatibility; ORT's session options have no meaning for the torch engine.
+    `device` is "cpu", "cuda" or "cuda:N".  Of `session_options` (ORT's, or any object
+    with the same attributes) the engine uses `intra_op_num_threads` (its thread count; 0:
+    measured), `graph_optimization_level` ORT_DISABLE_ALL (no compiled train steps) and the
+    config entry "ort_torch_compat.compile" ("auto", "on", "off"); see README, Performance.
     `gradients` (keyword only, not in ORT's API): "ort" (default) gives ONNX Runtime 1.19.2's
     gradients, quirks included (an inactive Dropout with a ratio input scales its gradient by
     1/(1 - ratio)); "exact" gives the derivative of what the forward computes.
@@ -47,6 +48,7 @@ class Module:
             None if eval_model_uri is None else (eval_model_uri if isinstance(eval_model_uri, bytes) else os.fspath(eval_model_uri)),
             device,
             gradients,
+            session_options,
         )
 
     def __call__(self, *user_inputs):
@@ -82,6 +84,8 @@ class Module:
         """
         if isinstance(graph_output_names, (str, bytes)) or not all(isinstance(n, str) for n in graph_output_names):
             raise TypeError(f"graph_output_names must be a list of str, got {graph_output_names!r}")
+        from ..engine.export import export_inference_model  # onnx and the graph tools: at first use
+
         export_inference_model(self._engine, os.fspath(inference_model_uri), list(graph_output_names))
 
     def input_names(self) -> List[str]:

@@ -7,20 +7,20 @@ builds its graphs here, so they convert the same way.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-import onnx
 import torch
 
 from ..errors import ModelMismatchError
-from ..graph import build_graph_module, detach_unowned_running_stats, forward_graph
-from ..graph.subgraph import ancestor_nodes
 from .io_spec import names
 from .model_io import opset_map
 from .training_graph import GraphIO
 
+if TYPE_CHECKING:
+    import onnx
 
-def build_module(model: onnx.ModelProto, io: GraphIO, label: str, fed_names: Optional[Sequence[str]] = None,
+
+def build_module(model: "onnx.ModelProto", io: GraphIO, label: str, fed_names: Optional[Sequence[str]] = None,
                  gradients: str = "ort", training: bool = False, buffers: Sequence[str] = ()) -> torch.nn.Module:
     """A module whose forward takes `io`'s user inputs (or `fed_names`, the values fed in
     their place, such as the outputs of string Casts run on the host) then its parameters
@@ -29,16 +29,20 @@ def build_module(model: onnx.ModelProto, io: GraphIO, label: str, fed_names: Opt
     `buffers`: the frozen parameters a training-mode BatchNorm may update in place (its
     running statistics); any other running-stat input is never written, see
     `graph.running_stats`, because it may alias a weight."""
+    from ..graph import build_graph_module, detach_unowned_running_stats, forward_graph  # onnx2torch: at first use
+
     input_names = list(names(io.user_inputs) if fed_names is None else fed_names) + io.param_names()
     graph = detach_unowned_running_stats(forward_graph(model, io.outputs, input_names, label), buffers)
     return build_graph_module(graph, opset_map(model), input_names, io.outputs, label, gradients, training)
 
 
-def io_for_outputs(model: onnx.ModelProto, io: GraphIO, outputs: Sequence[str], label: str) -> GraphIO:
+def io_for_outputs(model: "onnx.ModelProto", io: GraphIO, outputs: Sequence[str], label: str) -> GraphIO:
     """`io` cut to `outputs`: only the user inputs and parameters those outputs depend on.
 
     Raises ModelMismatchError when the model computes none of some output.
     """
+    from ..graph.subgraph import ancestor_nodes
+
     graph = model.graph
     available = {out for node in graph.node for out in node.output if out} | {i.name for i in graph.input}
     missing = [name for name in outputs if name not in available]

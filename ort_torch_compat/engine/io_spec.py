@@ -7,18 +7,43 @@ converts them.
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
-import onnx
 import torch
 
 from ..codec.dtypes import code_from_torch, torch_dtype
 from ..errors import InvalidInputError
 
-ONNX_TYPE_NAMES = {v: k.lower() for k, v in onnx.TensorProto.DataType.items()}
-STRING = onnx.TensorProto.STRING
+if TYPE_CHECKING:
+    import onnx
+
+
+class _OnnxTypeNames(Mapping):
+    """ONNX's element type names by code ('float', 'int64', ...), read from onnx on first use
+    (importing onnx costs about 0.1 s, which `import ort_torch_compat.api` does not pay)."""
+
+    @functools.cached_property
+    def _names(self) -> Dict[int, str]:
+        import onnx
+
+        return {v: k.lower() for k, v in onnx.TensorProto.DataType.items()}
+
+    def __getitem__(self, code: int) -> str:
+        return self._names[code]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+ONNX_TYPE_NAMES = _OnnxTypeNames()
+STRING = 8  # onnx.TensorProto.STRING
 StepInput = Union[torch.Tensor, np.ndarray]  # numpy only for string inputs
 
 
@@ -52,7 +77,7 @@ class ValueSpec:
         return onnx_type_name(self.elem_type)
 
 
-def value_spec(info: onnx.ValueInfoProto) -> ValueSpec:
+def value_spec(info: "onnx.ValueInfoProto") -> ValueSpec:
     tensor_type = info.type.tensor_type
     shape = None
     if tensor_type.HasField("shape"):
@@ -115,7 +140,7 @@ class BatchCheck:
     0-row batch (measured, tests/fixtures/reliability/); here both name the inputs.
     """
 
-    def __init__(self, model: onnx.ModelProto, input_names: Sequence[str]):
+    def __init__(self, model: "onnx.ModelProto", input_names: Sequence[str]):
         declared = {info.name: info for info in model.graph.input}
         self.names = list(input_names)
         self.dims: List[Tuple[int, int, str]] = []  # (input index, axis, dim name)

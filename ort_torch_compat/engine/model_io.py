@@ -3,26 +3,32 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Optional, Union
-
-import onnx
-from google.protobuf.message import DecodeError
-from onnx import external_data_helper
+import sys
+from typing import TYPE_CHECKING, Optional, Union
 
 from ..codec.dtypes import element_size
 from ..errors import ModelLoadError
 
-ModelSource = Union[str, "os.PathLike[str]", bytes, bytearray, onnx.ModelProto]
+if TYPE_CHECKING:  # onnx (and protobuf) load with the first model, not with the package
+    import onnx
+
+ModelSource = Union[str, "os.PathLike[str]", bytes, bytearray, "onnx.ModelProto"]
+
+
+def _is_model_proto(source: object) -> bool:
+    """isinstance(source, onnx.ModelProto) without importing onnx (no ModelProto exists before)."""
+    onnx = sys.modules.get("onnx")
+    return onnx is not None and isinstance(source, onnx.ModelProto)
 
 
 def describe(source: ModelSource, role: str) -> str:
     """How to name this artifact in messages: its path, or '<role from buffer>'."""
-    if isinstance(source, (bytes, bytearray, onnx.ModelProto)):
+    if isinstance(source, (bytes, bytearray)) or _is_model_proto(source):
         return f"<{role} from buffer>"
     return os.fspath(source)
 
 
-def load_model(source: ModelSource, role: str) -> onnx.ModelProto:
+def load_model(source: ModelSource, role: str) -> "onnx.ModelProto":
     """Read an ONNX model; FileNotFoundError/IsADirectoryError/ModelLoadError name the file.
 
     ONNX external data is read relative to the model file's folder (never the working
@@ -31,6 +37,9 @@ def load_model(source: ModelSource, role: str) -> onnx.ModelProto:
     (IR version, default-domain opset) or with an initializer whose dims disagree with its
     data is refused here, as ORT refuses it at load.
     """
+    import onnx
+    from google.protobuf.message import DecodeError
+
     if isinstance(source, onnx.ModelProto):
         model, folder = source, None
     else:
@@ -62,7 +71,9 @@ def load_model(source: ModelSource, role: str) -> onnx.ModelProto:
     return model
 
 
-def _check_versions(model: onnx.ModelProto, role: str, name: str) -> None:
+def _check_versions(model: "onnx.ModelProto", role: str, name: str) -> None:
+    import onnx
+
     if model.ir_version > onnx.IR_VERSION:
         raise ModelLoadError(f"{role} {name} has IR version {model.ir_version}; the newest the installed onnx "
                              f"{onnx.__version__} knows is {onnx.IR_VERSION}")
@@ -73,7 +84,10 @@ def _check_versions(model: onnx.ModelProto, role: str, name: str) -> None:
                                  f"the installed onnx {onnx.__version__} knows is {newest}")
 
 
-def _load_external_data(model: onnx.ModelProto, folder: Optional[str], role: str, name: str) -> None:
+def _load_external_data(model: "onnx.ModelProto", folder: Optional[str], role: str, name: str) -> None:
+    import onnx
+    from onnx import external_data_helper
+
     external = [t for t in external_data_helper._get_all_tensors(model) if external_data_helper.uses_external_data(t)]
     if not external:
         return
@@ -92,19 +106,19 @@ def _load_external_data(model: onnx.ModelProto, folder: Optional[str], role: str
 
 
 # Where TensorProto stores each type when not as raw_data, and how many values one element takes.
+# (TensorProto codes: FLOAT 1, UINT8 2, INT8 3, UINT16 4, INT16 5, INT32 6, INT64 7, STRING 8,
+# BOOL 9, FLOAT16 10, DOUBLE 11, UINT32 12, UINT64 13, COMPLEX64 14, COMPLEX128 15, BFLOAT16 16.)
 _TYPED_FIELDS = {
-    "float_data": ({onnx.TensorProto.FLOAT: 1, onnx.TensorProto.COMPLEX64: 2}),
-    "double_data": ({onnx.TensorProto.DOUBLE: 1, onnx.TensorProto.COMPLEX128: 2}),
-    "int64_data": ({onnx.TensorProto.INT64: 1}),
-    "uint64_data": ({onnx.TensorProto.UINT32: 1, onnx.TensorProto.UINT64: 1}),
-    "string_data": ({onnx.TensorProto.STRING: 1}),
-    "int32_data": ({code: 1 for code in (onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
-                                          onnx.TensorProto.UINT16, onnx.TensorProto.UINT8, onnx.TensorProto.BOOL,
-                                          onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)}),
+    "float_data": {1: 1, 14: 2},
+    "double_data": {11: 1, 15: 2},
+    "int64_data": {7: 1},
+    "uint64_data": {12: 1, 13: 1},
+    "string_data": {8: 1},
+    "int32_data": {code: 1 for code in (6, 5, 3, 4, 2, 9, 10, 16)},
 }
 
 
-def _check_initializers(model: onnx.ModelProto, role: str, name: str) -> None:
+def _check_initializers(model: "onnx.ModelProto", role: str, name: str) -> None:
     """Each initializer holds as many elements as its dims say (checked by size, not by
     converting it, so a large model costs nothing here)."""
     for init in model.graph.initializer:
@@ -129,5 +143,5 @@ def _check_initializers(model: onnx.ModelProto, role: str, name: str) -> None:
                                  f"but holds {have:g}")
 
 
-def opset_map(model: onnx.ModelProto) -> dict:
+def opset_map(model: "onnx.ModelProto") -> dict:
     return {("" if entry.domain == "ai.onnx" else entry.domain): entry.version for entry in model.opset_import}

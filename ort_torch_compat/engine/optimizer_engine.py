@@ -18,6 +18,7 @@ from ..optim import OptimizerSpec, adamw_step, linear_lr_factor, parse_optimizer
 from .checkpoint_io import moment_mismatch
 from .model_io import ModelSource, describe, load_model
 from .state import OptimizerState
+from .threads import threaded
 from .training_engine import LOAD_HINT, NOMINAL_OPTIMIZER, TrainingEngine
 
 
@@ -80,6 +81,7 @@ class OptimizerEngine:
         return groups
 
     # ---- step -------------------------------------------------------------------------
+    @threaded(lambda optimizer: optimizer.engine.threads)
     def step(self) -> None:
         """One update of every trainable parameter (ORT updates all, with or without grads).
 

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
-from typing import Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Sequence, Tuple
 
 import numpy as np
-import onnx
 import torch
 
 from ..codec.dtypes import numpy_dtype, torch_dtype
 from ..errors import InvalidInputError, ModelLoadError
-from .io_spec import STRING, ValueSpec
+from .io_spec import ONNX_TYPE_NAMES, STRING, ValueSpec
+
+if TYPE_CHECKING:
+    import onnx
 
 _WHITESPACE = " \t\n\v\f\r"  # C's isspace() in the "C" locale
 _FLOAT_PREFIX = re.compile(
@@ -34,10 +36,12 @@ _FLOAT_PREFIX = re.compile(
     re.X | re.I | re.A,
 )
 _INT_PREFIX = re.compile(r"([+-]?)([0-9]+)", re.A)
-_FLOAT_TARGETS = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16}
-_SIGNED_TARGETS = {onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64}
-_UNSIGNED_TARGETS = {onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32,
-                     onnx.TensorProto.UINT64, onnx.TensorProto.BOOL}
+# TensorProto codes (onnx is not imported with the package): FLOAT 1, DOUBLE 11, FLOAT16 10;
+# INT8 3, INT16 5, INT32 6, INT64 7; UINT8 2, UINT16 4, UINT32 12, UINT64 13, BOOL 9.
+_FLOAT16, _BOOL = 10, 9
+_FLOAT_TARGETS = {1, 11, _FLOAT16}
+_SIGNED_TARGETS = {3, 5, 6, 7}
+_UNSIGNED_TARGETS = {2, 4, 12, 13, _BOOL}
 _INT64 = 2**63
 _UINT64 = 2**64
 
@@ -111,13 +115,13 @@ def cast_strings(array: np.ndarray, to: int) -> np.ndarray:
             else:
                 parsed.append(parse_integer(item, unsigned=to in _UNSIGNED_TARGETS))
         except ValueError as error:
-            raise ValueError(f"cannot convert {_text(item)!r} to {onnx.TensorProto.DataType.Name(to)}: {error}") from None
+            raise ValueError(f"cannot convert {_text(item)!r} to {ONNX_TYPE_NAMES[to].upper()}: {error}") from None
     target = numpy_dtype(to)
     with np.errstate(over="ignore", invalid="ignore"):
         if to in _FLOAT_TARGETS:
             wide = np.array(parsed, dtype=np.float64)
-            values = wide.astype(np.float32).astype(target) if to == onnx.TensorProto.FLOAT16 else wide.astype(target)
-        elif to == onnx.TensorProto.BOOL:
+            values = wide.astype(np.float32).astype(target) if to == _FLOAT16 else wide.astype(target)
+        elif to == _BOOL:
             values = np.array([value != 0 for value in parsed], dtype=np.bool_)
         else:  # C++ integer conversion: wrap modulo 2**bits
             bits = np.dtype(target).itemsize * 8
@@ -140,7 +144,9 @@ class StringCasts:
     (`fed_from` names the user input behind each).
     """
 
-    def __init__(self, model: onnx.ModelProto, user_inputs: Sequence[ValueSpec], label: str):
+    def __init__(self, model: "onnx.ModelProto", user_inputs: Sequence[ValueSpec], label: str):
+        import onnx  # loaded with the model already
+
         self._plan: Dict[int, List[Tuple[str, int]]] = {}
         graph_outputs = {out.name for out in model.graph.output}
         removed = []

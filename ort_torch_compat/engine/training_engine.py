@@ -8,15 +8,14 @@ gradients, later ones accumulate (InPlaceAccumulatorV2), eval never touches them
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
-import onnx
 import torch
 
 from ..errors import InvalidInputError, ModelLoadError, NominalStateError
-from ..graph import GRADIENT_MODES
 from .device import parse_device
 from .graph_module import build_module
+from .compiled import TrainStepRunner
 from .host_allocator import tune_host_allocator
 from .io_spec import BatchCheck, StepInput, check_inputs, names
 from .model_io import ModelSource, describe, load_model
@@ -24,8 +23,11 @@ from .parameters import ParameterStore
 from .state import TrainingState
 from .step_failure import raise_explained
 from .string_inputs import StringCasts
+from .threads import ThreadPolicy, thread_setting, threaded
 from .training_graph import GraphIO, check_eval_matches, check_parameter_types, eval_io, training_io
 
+if TYPE_CHECKING:
+    import onnx
 
 # ORT 1.19.2's messages for a nominal state, verbatim (tests/fixtures/edges/expected.json).
 NOMINAL_TRAIN_STEP = "Cannot perform TrainStep with a nominal state. Please load the model parameters first."
@@ -42,6 +44,7 @@ class TrainingEngine:
     `gradients`: "ort" (default) reproduces ONNX Runtime 1.19.2's gradients where they differ
     from the derivative of its own forward (inactive Dropout with a ratio input scales by
     1/(1 - ratio), and the others in graph.gradient_quirks); "exact" differentiates the forward.
+    `session_options`: the thread count and compilation setting (see `threads`, `compiled`).
     """
 
     def __init__(
@@ -51,27 +54,32 @@ class TrainingEngine:
         eval_model: Optional[ModelSource] = None,
         device: str = "cpu",
         gradients: str = "ort",
+        session_options: object = None,
     ):
         label = f"training model {describe(train_model, 'training model')}"
         proto = load_model(train_model, "training model")
-        self._setup(state, proto, training_io(proto, state, label), label, eval_model, device, gradients)
+        self._setup(state, proto, training_io(proto, state, label), label, eval_model, device, gradients,
+                    session_options)
 
     @classmethod
     def over_graph(cls, state: TrainingState, model: onnx.ModelProto, io: GraphIO, label: str,
-                   device: str = "cpu", gradients: str = "ort") -> "TrainingEngine":
+                   device: str = "cpu", gradients: str = "ort", session_options: object = None) -> "TrainingEngine":
         """An engine over any model whose inputs `io` already classifies (`io.outputs[0]` is the
         loss), with no eval model: the entry point for models that are not ORT training
         artifacts, such as the legacy session's loss-in-graph model (see `loss_model.py`)."""
         engine = cls.__new__(cls)
-        engine._setup(state, model, io, label, None, device, gradients)
+        engine._setup(state, model, io, label, None, device, gradients, session_options)
         return engine
 
     def _setup(self, state: TrainingState, train_proto: onnx.ModelProto, train_io: GraphIO, train_label: str,
-               eval_model: Optional[ModelSource], device: str, gradients: str) -> None:
+               eval_model: Optional[ModelSource], device: str, gradients: str, session_options: object) -> None:
+        from ..graph import GRADIENT_MODES  # onnx2torch and the converters: with the first model
+
         if gradients not in GRADIENT_MODES:
             raise ValueError(f"gradients must be one of {GRADIENT_MODES}, got {gradients!r}")
         self.state = state
         self.device = parse_device(device)
+        self.threads = ThreadPolicy(thread_setting(session_options))
         tune_host_allocator()
         self.train_label = train_label
         self.train_io = train_io
@@ -81,6 +89,7 @@ class TrainingEngine:
         self.train_module = build_module(self.train_strings.model, self.train_io, self.train_label,
                                          self.train_strings.fed_names, gradients, training=True,
                                          buffers=self._buffers(self.train_io)).to(self.device).train()
+        self.train_runner = TrainStepRunner(self.train_module, self.train_label, self.device, session_options)
 
         self.eval_source = eval_model
         self.eval_io: Optional[GraphIO] = None
@@ -125,6 +134,7 @@ class TrainingEngine:
                 f"input '{name}' on {tensor.device} cannot be copied to the module's device {self.device}: {error}"
             ) from error
 
+    @threaded(lambda engine: engine.threads, measure=lambda engine: engine.train_runner.path)
     def train_step(self, inputs: Sequence[StepInput]) -> List[torch.Tensor]:
         if self.state.is_nominal:
             raise NominalStateError(f"{NOMINAL_TRAIN_STEP} {LOAD_HINT}")
@@ -138,7 +148,7 @@ class TrainingEngine:
                 self.store.release_grads()
             try:
                 with torch.enable_grad():
-                    outputs = self.train_module(*feeds, *self._train_params)
+                    outputs = self.train_runner(*feeds, *self._train_params)
                     loss = outputs[0]
                     if loss.requires_grad:
                         loss.backward(torch.ones_like(loss) if loss.dim() else None)
@@ -155,6 +165,7 @@ class TrainingEngine:
         self._accumulate = True
         return [out.detach() for out in outputs]
 
+    @threaded(lambda engine: engine.threads)
     def eval_step(self, inputs: Sequence[StepInput]) -> List[torch.Tensor]:
         if self.eval_module is None:
             raise ModelLoadError("Eval model was not provided. Cannot run an eval step.")

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List
-
-import onnx
+from typing import TYPE_CHECKING, Dict, List
 
 from ..errors import ModelLoadError, ModelMismatchError
 from .io_spec import ValueSpec, value_spec
 from .state import TrainingState
+
+if TYPE_CHECKING:
+    import onnx
 
 RESET_INPUT = "lazy_reset_grad"
 GRAD_SUFFIXES = ("_grad.accumulation.buffer", "_grad.accumulation.out", "_grad")

@@ -12,7 +12,8 @@ summation order differs.
 """
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from typing import Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -47,9 +48,25 @@ class _OneDnnLinear(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias
 
 
+_plain_aten = False
+
+
+@contextlib.contextmanager
+def plain_aten_kernels() -> Iterator[None]:
+    """`linear` as plain `F.linear` while tracing for the compiler (graph/specialize.py):
+    TorchInductor lowers aten matmuls itself and cannot lower oneDNN's op with a fed weight."""
+    global _plain_aten
+    previous, _plain_aten = _plain_aten, True
+    try:
+        yield
+    finally:
+        _plain_aten = previous
+
+
 def _onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
     return (
         _ONEDNN is not None
+        and not _plain_aten
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32

@@ -7,11 +7,12 @@ arithmetic is reproduced by our own kernels.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List
-
-import onnx
+from typing import TYPE_CHECKING, Dict, List
 
 from ..errors import ModelLoadError
+
+if TYPE_CHECKING:
+    import onnx
 
 ADAMW_INPUTS = ["learning_rate", "step", "params", "gradients", "first_order_moments", "second_order_moments"]
 SGD_INPUTS = ["learning_rate", "step", "params", "gradients", "first_order_moments"]
@@ -27,7 +28,9 @@ class OptimizerSpec:
     moment_names: List[str] = field(default_factory=list)
 
 
-def parse_optimizer_model(model: onnx.ModelProto, name: str) -> OptimizerSpec:
+def parse_optimizer_model(model: "onnx.ModelProto", name: str) -> OptimizerSpec:
+    import onnx  # loaded with the model already; not at package import
+
     ops = [node for node in model.graph.node if node.domain == "com.microsoft"
            and node.op_type in ("AdamWOptimizer", "SGDOptimizerV2")]
     if len(ops) != 1:

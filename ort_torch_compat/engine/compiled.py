@@ -1,0 +1,547 @@
+"""Train steps as ahead-of-time compiled code, cached on disk.
+
+Why (measured; numbers in docs/design.md): the converted graph runs one torch module per
+ONNX node, and its backward one autograd node per aten op, with a kernel launch per
+elementwise op.  TorchInductor's C++ code for the same forward and backward fuses the
+elementwise chains, folds the shape arithmetic and drops the per-node dispatch: the step
+takes about 0.6x the CPU time on the small transformers.  Compiling costs tens of seconds
+to minutes (a C++ compiler runs), so the result is cached, and a warm start must stay
+cheap: AOTInductor's shared libraries load through `torch._C._aoti` (part of libtorch),
+without importing TorchDynamo or TorchInductor (seconds and ~150 MB), in milliseconds.
+
+How: graph/specialize.py turns the converted module into a functional aten graph for the
+first batch's shapes; AOTAutograd splits it into a forward graph (which also returns the
+activations the backward needs) and a backward graph; AOTInductor compiles each into a
+shared library.  At run time one autograd Function calls the two, so gradients reach the
+parameters as before (ORT's overwrite/accumulate semantics and the optimizer unchanged),
+and new BatchNorm running statistics are copied into the state's tensors after each
+forward.  After a cold compile the compiled step is checked once against the module on
+the same inputs (any failure leaves the module running eagerly, with one warning) and both
+are timed: the compiled step is used only where it is faster (convolution-heavy graphs
+such as ResNet-18 gain nothing: their time is in the same oneDNN kernels either way).
+
+When (session options config entry "ort_torch_compat.compile" or ORT_TORCH_COMPAT_COMPILE):
+"off"; "on" (compile at the first train step); "auto", the default: use a cached
+compilation from the first step on, otherwise train eagerly and compile once the eager
+train steps have taken 60 s (ORT_TORCH_COMPAT_COMPILE_AFTER), so short runs never wait
+for a compiler and long ones pay it once.  Only CPU training steps are compiled; other
+shapes than the first batch's, eval steps and CUDA run eagerly.
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import inspect
+import json
+import logging
+import os
+import pathlib
+import re
+import shutil
+import tempfile
+import time
+import warnings
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import fx
+
+if TYPE_CHECKING:
+    from ..graph.specialize import SpecializedGraph
+
+
+COMPILE_ENV = "ORT_TORCH_COMPAT_COMPILE"
+CONFIG_KEY = "ort_torch_compat.compile"  # session options config entry (add_session_config_entry)
+CACHE_ENV = "ORT_TORCH_COMPAT_CACHE_DIR"
+AFTER_ENV = "ORT_TORCH_COMPAT_COMPILE_AFTER"
+SETTINGS = ("off", "on", "auto")
+_ALIASES = {"0": "off", "false": "off", "no": "off", "1": "on", "true": "on", "yes": "on"}
+_FORMAT = 4  # bump when what is cached changes meaning
+_AUTO_AFTER_S = 60.0  # "auto" compiles after this much eager training time (compiling takes 0.5-10 min)
+_BACKWARD_FACTOR = 3.0  # a forward+backward step costs about three forward passes
+_CHECK_RTOL, _CHECK_ATOL, _CHECK_GRAD_RTOL = 1e-3, 1e-5, 0.05
+_TIMED_ROUNDS = 5  # eager/compiled step pairs timed after a cold compile
+_FASTER = 0.95  # the compiled step is used when it takes at most this share of the eager step's time
+
+log = logging.getLogger("ort_torch_compat.compile")
+
+
+class CompileWarning(RuntimeWarning):
+    """A train step runs without compilation; the message says why."""
+
+
+def compile_setting(session_options: object = None) -> str:
+    """The effective setting: the session options' "ort_torch_compat.compile" config entry,
+    else "off" when their graph_optimization_level is ORT_DISABLE_ALL (0), else
+    ORT_TORCH_COMPAT_COMPILE, else "auto"."""
+    raw = None
+    try:
+        raw = session_options.get_session_config_entry(CONFIG_KEY)
+    except (AttributeError, RuntimeError, KeyError):
+        pass
+    if raw is None and int(getattr(session_options, "graph_optimization_level", 99)) == 0:
+        raw = "off"
+    if raw is None:
+        raw = os.environ.get(COMPILE_ENV, "auto")
+    value = _ALIASES.get(str(raw).strip().lower(), str(raw).strip().lower())
+    if value not in SETTINGS:
+        raise ValueError(f"compile setting must be one of {SETTINGS} (or 0/1), got {raw!r}")
+    return value
+
+
+def cache_root() -> pathlib.Path:
+    """ORT_TORCH_COMPAT_CACHE_DIR, else $XDG_CACHE_HOME/ort_torch_compat, else ~/.cache/ort_torch_compat."""
+    if os.environ.get(CACHE_ENV):
+        return pathlib.Path(os.environ[CACHE_ENV]) / "compiled"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "ort_torch_compat" / "compiled"
+
+
+def cxx_compiler() -> Optional[str]:
+    """The C++ compiler TorchInductor would use, or None."""
+    for candidate in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if candidate and shutil.which(candidate):
+            return shutil.which(candidate)
+    return None
+
+
+# ---- cache key ----------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _file_digest(path: str) -> str:
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()
+    except OSError:
+        return "missing"
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
+def _stable_repr(value: object) -> str:
+    """repr without memory addresses (functions print as `<... at 0x7f...>`)."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
+
+def graph_key(module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -> str:
+    """Everything the compiled code depends on, without tracing: torch version and CPU
+    capability, the converted graph (code, each module's class, attributes and buffers),
+    the source files of those classes and of the compiler path, and the inputs' shapes,
+    dtypes and requires_grad flags (parameter values are inputs, not part of the key)."""
+    from ..graph import kernels, specialize
+
+    digest = hashlib.sha256()
+    digest.update(f"{_FORMAT}|{torch.__version__}|{torch.backends.cpu.get_cpu_capability()}".encode())
+    digest.update(module.code.encode())
+    sources = {__file__, specialize.__file__, kernels.__file__}
+    for name, sub in module.named_modules():
+        sources.add(inspect.getsourcefile(type(sub)) or "")
+        digest.update(f"{name}|{type(sub).__module__}.{type(sub).__qualname__}".encode())
+        for attribute, value in sorted(vars(sub).items()):
+            if attribute.startswith("_") or attribute == "training":
+                continue
+            digest.update(attribute.encode())
+            digest.update(_tensor_bytes(value) if isinstance(value, torch.Tensor) else _stable_repr(value).encode())
+        for buffer_name, buffer in sub.named_buffers(recurse=False):
+            digest.update(f"{buffer_name}|{buffer.dtype}|{tuple(buffer.shape)}".encode())
+            digest.update(_tensor_bytes(buffer))
+    for path in sorted(sources):
+        digest.update(_file_digest(path).encode())
+    for tensor in tensors:
+        digest.update(f"{tuple(tensor.shape)}|{tensor.dtype}|{tensor.requires_grad}|{tensor.device.type}".encode())
+    return digest.hexdigest()[:32]
+
+
+def _signature(tensors: Sequence[torch.Tensor]) -> Tuple:
+    return tuple((tuple(t.shape), t.dtype, t.device) for t in tensors)
+
+
+# ---- run time -----------------------------------------------------------------------------
+def _restride(tensor: torch.Tensor, stride: Tuple[int, ...]) -> torch.Tensor:
+    """A copy with the strides the backward library was built for (never expected to run)."""
+    return torch.empty_strided(tensor.shape, stride, dtype=tensor.dtype, device=tensor.device).copy_(tensor)
+
+
+class _CompiledFunction(torch.autograd.Function):
+    """Forward library in `forward`, backward library in `backward`."""
+
+    @staticmethod
+    def forward(ctx, step: "CompiledTrainStep", *inputs: torch.Tensor):
+        outputs = step.forward_library.run(list(inputs))
+        results = outputs[: step.num_results]
+        ctx.step = step
+        ctx.activations = [a if a.stride() == s else _restride(a, s)
+                           for a, s in zip(outputs[step.num_results:], step.activation_strides)]
+        ctx.mark_non_differentiable(*[r for i, r in enumerate(results) if i not in step.grad_outputs])
+        return tuple(results)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        step = ctx.step
+        tangents = [grads[i].contiguous() for i in step.grad_outputs]
+        results = step.backward_library.run(list(ctx.activations) + tangents)
+        ctx.activations = None
+        return (None,) + tuple(None if i in step.no_grad_inputs else results[i] for i in range(len(results)))
+
+
+class CompiledTrainStep:
+    """The compiled forward+backward of one graph for one input signature."""
+
+    def __init__(self, directory: pathlib.Path, meta: Dict, constants: List[torch.Tensor]):
+        runner = torch._C._aoti.AOTIModelContainerRunnerCpu
+        self.forward_library = runner(str(directory / "forward.so"), 1)
+        self.backward_library = runner(str(directory / "backward.so"), 1)
+        self.num_outputs: int = meta["num_outputs"]
+        self.mutated: List[int] = meta["mutated"]
+        self.num_results = self.num_outputs + len(self.mutated)
+        self.grad_outputs: List[int] = meta["grad_outputs"]
+        self.no_grad_inputs = set(meta["no_grad_inputs"])
+        self.activation_strides = [tuple(s) for s in meta["activation_strides"]]
+        self.constants = constants
+
+    def __call__(self, tensors: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, ...]:
+        every = list(tensors) + self.constants
+        results = _CompiledFunction.apply(self, *[t.contiguous() for t in every])
+        with torch.no_grad():
+            for index, value in zip(self.mutated, results[self.num_outputs:]):
+                every[index].copy_(value)
+        return results[: self.num_outputs]
+
+
+# ---- compile time ---------------------------------------------------------------------------
+def _compile(spec: "SpecializedGraph", tensors: Sequence[torch.Tensor], directory: pathlib.Path) -> Dict:
+    """AOTAutograd split + AOTInductor build of `spec` into `directory`; returns the layout."""
+    import torch._inductor  # noqa: F401  (heavy: imported only when compiling)
+    from ..graph.specialize import NotSpecializable
+    from torch._functorch.aot_autograd import aot_function, make_boxed_func
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    captured: Dict[str, Tuple[fx.GraphModule, list]] = {}
+
+    def capture(kind: str):
+        def compiler(graph: fx.GraphModule, example_inputs: list):
+            captured[kind] = (graph, list(example_inputs))
+            return make_boxed_func(graph)
+
+        return compiler
+
+    import torch._inductor.lowering  # noqa: F401  (its decompositions consult the lowerings)
+    from torch._inductor.decomposition import select_decomp_table
+
+    # TorchInductor's own decompositions (as torch.compile applies them): the forward and the
+    # backward graph then agree on what every saved activation means.
+    joint = aot_function(spec.module, fw_compiler=capture("forward"), bw_compiler=capture("backward"),
+                         partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
+    args = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+    args += [c.detach().clone() for c in spec.constants]
+    results = joint(*args)
+    grad_outputs = [i for i, value in enumerate(results) if value.requires_grad]
+    if not grad_outputs:
+        raise NotSpecializable("no output depends on a trainable parameter")
+    torch.autograd.backward([results[i] for i in grad_outputs], [torch.ones_like(results[i]) for i in grad_outputs])
+    forward_graph, forward_inputs = captured["forward"]
+    backward_graph, backward_inputs = captured["backward"]
+    backward_outputs = list(next(n for n in reversed(backward_graph.graph.nodes) if n.op == "output").args[0])
+    tangents = [n for n in backward_graph.graph.nodes if n.op == "placeholder" and n.name.startswith("tangents")]
+    if len(tangents) != len(grad_outputs):
+        raise NotSpecializable(f"backward graph takes {len(tangents)} output gradients, expected {len(grad_outputs)}")
+    _build_library(directory, "forward", forward_graph, forward_inputs)
+    # The backward library is built for the activations the forward library really returns:
+    # the compiler picks their memory layouts (channels-last convolutions...), which the
+    # traced graph does not know, and compiled code trusts the strides it was built for.
+    forward_library = torch._C._aoti.AOTIModelContainerRunnerCpu(str(directory / "forward.so"), 1)
+    with torch.no_grad():
+        activations = forward_library.run([a.detach().contiguous() for a in args])[len(results):]
+    del forward_library
+    tangent_examples = [torch.ones(t.shape, dtype=t.dtype) for t in backward_inputs[len(activations):]]
+    _build_library(directory, "backward", backward_graph, activations + tangent_examples)
+    for leftover in directory.iterdir():  # generated sources and objects: not needed to load
+        if leftover.suffix not in (".so", ".json"):
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+        elif leftover.name.startswith("c") and "." in leftover.stem:
+            leftover.unlink()
+    return {
+        "num_outputs": spec.num_outputs,
+        "mutated": spec.mutated,
+        "grad_outputs": grad_outputs,
+        "no_grad_inputs": [i for i, value in enumerate(backward_outputs) if value is None],
+        "activation_strides": [list(a.stride()) for a in activations],
+    }
+
+
+def _build_library(directory: pathlib.Path, name: str, graph: fx.GraphModule, example_inputs: list) -> None:
+    """AOTInductor: `graph` for these example inputs (shapes and strides) -> directory/name.so."""
+    import torch._inductor
+
+    before = set(directory.glob("*.wrapper.json"))
+    threads = max(torch.get_num_threads(), os.cpu_count() or 1)
+    options = {"aot_inductor.output_path": str(directory / f"{name}.so"), "cpp.dynamic_threads": True,
+               "cpp.threads": threads}
+    torch._inductor.aot_compile(graph, tuple(example_inputs), options=options)
+    # Operators without a C shim run through a proxy executor described by a JSON file,
+    # which the runner looks for next to the library, under the library's name.
+    for extern in set(directory.glob("*.wrapper.json")) - before:
+        shutil.copyfile(extern, directory / f"{name}.json")
+
+
+def _elementwise_excess(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Excess of max |actual - expected| over 1e-5 + 1e-3*max|expected| (<= 0: within)."""
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        return float("inf")
+    if not expected.dtype.is_floating_point:
+        return 0.0 if torch.equal(actual, expected) else float("inf")
+    if not expected.numel():
+        return 0.0
+    scale = expected.abs().max().item()
+    return (actual - expected).abs().max().item() - (_CHECK_ATOL + _CHECK_RTOL * scale)
+
+
+def _norm_excess(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Excess of ||actual - expected|| over 5% of ||expected|| (plus 1e-5 per element)."""
+    if actual.shape != expected.shape:
+        return float("inf")
+    tolerance = _CHECK_GRAD_RTOL * expected.norm().item() + _CHECK_ATOL * expected.numel() ** 0.5
+    return (actual - expected).norm().item() - tolerance
+
+
+def _self_check(step: CompiledTrainStep, module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -> None:
+    """One step both ways on copies of the inputs (the module's buffers restored after each).
+
+    Outputs, updated inputs (running statistics) and buffers must agree elementwise within
+    float32 rounding.  Gradients are compared by norm: a ReLU network's gradient jumps where
+    an activation is exactly 0, so a rounding-level difference in the forward pass can route
+    one element's gradient differently, and BatchNorm's backward spreads that over the
+    channel (measured on ResNet-18: up to 3% of a gradient's norm on some batches, 1e-5 on
+    others); a wrong wiring or a miscompiled kernel is off by the whole norm."""
+    from ..graph.specialize import NotSpecializable
+
+    snapshot = [buffer.detach().clone() for buffer in module.buffers()]
+
+    def run(function) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+        copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+        try:
+            with torch.enable_grad():
+                outputs = function(copies)
+                differentiable = [o for o in outputs if o.requires_grad]
+                leaves = [c for c in copies if c.requires_grad]
+                grads = torch.autograd.grad(differentiable, leaves, [torch.ones_like(o) for o in differentiable],
+                                            allow_unused=True)
+            values = [o.detach() for o in outputs] + [c.detach() for c in copies]
+            values += [b.detach().clone() for b in module.buffers()]
+            return values, [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(grads, leaves)]
+        finally:
+            with torch.no_grad():
+                for buffer, value in zip(module.buffers(), snapshot):
+                    buffer.copy_(value)
+
+    (eager_values, eager_grads), (values, grads) = run(lambda copies: module(*copies)), run(step)
+    if len(values) != len(eager_values) or len(grads) != len(eager_grads):
+        raise NotSpecializable("the compiled step returns other values than the eager step")
+    worst = max([_elementwise_excess(c, e) for c, e in zip(values, eager_values)]
+                + [_norm_excess(c, e) for c, e in zip(grads, eager_grads)], default=0.0)
+    if worst > 0:
+        raise NotSpecializable(f"the compiled step disagrees with the eager step (excess difference {worst:.3g})")
+
+
+def _step_times(step: CompiledTrainStep, module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -> Tuple[float, float]:
+    """Median CPU milliseconds of a forward+backward, eager and compiled, interleaved,
+    on one thread (CPU time of one thread is the work itself, whatever else the machine runs)."""
+    snapshot = [buffer.detach().clone() for buffer in module.buffers()]
+    copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+    times: Dict[str, List[float]] = {"eager": [], "compiled": []}
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(_TIMED_ROUNDS):
+            for kind, function in (("eager", lambda: module(*copies)), ("compiled", lambda: step(copies))):
+                begin = time.process_time()
+                with torch.enable_grad():
+                    outputs = function()
+                    differentiable = [o for o in outputs if o.requires_grad]
+                    torch.autograd.backward(differentiable, [torch.ones_like(o) for o in differentiable])
+                times[kind].append(1000 * (time.process_time() - begin))
+                for copy in copies:
+                    copy.grad = None
+    finally:
+        torch.set_num_threads(previous)
+        with torch.no_grad():
+            for buffer, value in zip(module.buffers(), snapshot):
+                buffer.copy_(value)
+    return sorted(times["eager"])[len(times["eager"]) // 2], sorted(times["compiled"])[len(times["compiled"]) // 2]
+
+
+# ---- cache --------------------------------------------------------------------------------
+def _encode_tensor(tensor: torch.Tensor) -> Dict:
+    """A small constant as JSON (the cache is read without unpickling, like every other file)."""
+    return {"dtype": str(tensor.dtype).replace("torch.", ""), "shape": list(tensor.shape),
+            "data": base64.b64encode(_tensor_bytes(tensor)).decode("ascii")}
+
+
+def _decode_tensor(record: Dict) -> torch.Tensor:
+    data = bytearray(base64.b64decode(record["data"]))
+    flat = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    return flat.view(getattr(torch, record["dtype"])).reshape(record["shape"])
+
+
+def _read_meta(directory: pathlib.Path) -> Optional[Dict]:
+    try:
+        return json.loads((directory / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _publish(root: pathlib.Path, key: str, build) -> pathlib.Path:
+    """Run `build(tmp_dir) -> meta` and move the result to root/key atomically (a concurrent
+    process that got there first wins; its result is the same)."""
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
+    try:
+        meta = build(scratch)
+        (scratch / "meta.json").write_text(json.dumps(meta))
+        try:
+            os.rename(scratch, root / key)
+        except OSError:
+            if _read_meta(root / key) is None:
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return root / key
+
+
+def _auto_after_seconds() -> float:
+    try:
+        return float(os.environ.get(AFTER_ENV, _AUTO_AFTER_S))
+    except ValueError:
+        raise ValueError(f"{AFTER_ENV} must be a number of seconds, got {os.environ[AFTER_ENV]!r}") from None
+
+
+# ---- policy -------------------------------------------------------------------------------
+_reported: set = set()
+
+
+def _report(label: str, reason: str) -> None:
+    """One warning per model and reason per process."""
+    if (label, reason) not in _reported:
+        _reported.add((label, reason))
+        warnings.warn(f"{label}: train steps run without compilation: {reason}", CompileWarning, stacklevel=4)
+
+
+class TrainStepRunner:
+    """Calls the converted train module, or its compiled form when the setting and the cache allow.
+
+    `runner(*feeds, *params)` returns what `module(*feeds, *params)` returns."""
+
+    def __init__(self, module: fx.GraphModule, label: str, device: torch.device, session_options: object = None):
+        self.module = module
+        self.label = label
+        self.setting = compile_setting(session_options)
+        self.compiled: Optional[CompiledTrainStep] = None
+        self.compile_seconds: Optional[float] = None  # cold compile time, when this process compiled
+        self._signature: Optional[Tuple] = None
+        self._state = "eager" if self.setting == "off" or device.type != "cpu" else "first"
+        self._eager_seconds = 0.0
+        self._budget = float("inf")
+        self._key = ""
+
+    @property
+    def path(self) -> str:
+        """Which code runs the train step now ("compiled" or "eager"): the thread policy measures each apart."""
+        return "compiled" if self._state == "compiled" else "eager"
+
+    def __call__(self, *tensors: torch.Tensor):
+        if self._state == "compiled" and _signature(tensors) == self._signature:
+            return self.compiled(tensors)
+        if self._state == "first":
+            self._first(tensors)
+            if self._state == "compiled":
+                return self.compiled(tensors)
+        if self._state != "waiting":
+            return self.module(*tensors)
+        begin = time.perf_counter()
+        outputs = self.module(*tensors)
+        if _signature(tensors) == self._signature:
+            self._eager_seconds += _BACKWARD_FACTOR * (time.perf_counter() - begin)
+            if self._eager_seconds >= self._budget:
+                self._compile(tensors)
+        return outputs
+
+    def _first(self, tensors: Sequence[torch.Tensor]) -> None:
+        self._signature = _signature(tensors)
+        self._state = "eager"
+        try:
+            self._key = graph_key(self.module, tensors)
+        except Exception as error:  # noqa: BLE001  (anything here only means: no compiled step)
+            _report(self.label, f"cannot key the compile cache ({type(error).__name__}: {error})")
+            return
+        directory = cache_root() / self._key
+        meta = _read_meta(directory)
+        if meta is not None and "refused" in meta:
+            _report(self.label, meta["refused"])
+        elif meta is not None:
+            self._load(directory, meta, tensors)
+        elif self.setting == "on":
+            self._compile(tensors)
+        else:
+            self._state = "waiting"
+            self._budget = _auto_after_seconds()
+
+    def _load(self, directory: pathlib.Path, meta: Dict, tensors: Sequence[torch.Tensor]) -> None:
+        from ..graph.specialize import lifted_constants
+
+        if self.setting == "auto" and meta["compiled_ms"] > _FASTER * meta["eager_ms"]:
+            log.info("%s: the compiled train step is not faster (%.1f ms vs %.1f ms eager): running eagerly",
+                     self.label, meta["compiled_ms"], meta["eager_ms"])
+            return
+        try:
+            spec_constants = lifted_constants(self.module)
+            trace_constants = [_decode_tensor(record) for record in meta["trace_constants"]]
+            self.compiled = CompiledTrainStep(directory, meta, spec_constants + trace_constants)
+            self._state = "compiled"
+        except Exception as error:  # noqa: BLE001
+            _report(self.label, f"cannot load the compiled step from {directory} ({type(error).__name__}: {error})")
+            self._state = "eager"
+
+    def _compile(self, tensors: Sequence[torch.Tensor]) -> None:
+        self._state = "eager"
+        if cxx_compiler() is None:
+            _report(self.label, "no C++ compiler found (g++, c++ or clang++; or set CXX)")
+            return
+        from ..graph.specialize import NotSpecializable, lifted_constants, specialize
+
+        root = cache_root()
+        begin = time.perf_counter()
+        log.info("%s: compiling the train step (cached in %s)", self.label, root)
+        try:
+            spec = specialize(self.module, tensors)
+
+            def build(scratch: pathlib.Path) -> Dict:
+                meta = _compile(spec, tensors, scratch)
+                trace_constants = spec.constants[len(lifted_constants(self.module)):]
+                meta["trace_constants"] = [_encode_tensor(constant) for constant in trace_constants]
+                step = CompiledTrainStep(scratch, meta, spec.constants)
+                _self_check(step, self.module, tensors)
+                meta["eager_ms"], meta["compiled_ms"] = _step_times(step, self.module, tensors)
+                return meta
+
+            directory = _publish(root, self._key, build)
+        except NotSpecializable as error:
+            self._refuse(root, str(error))
+            return
+        except Exception as error:  # noqa: BLE001  (compiler or toolchain failure: eager, say why)
+            _report(self.label, f"compilation failed ({type(error).__name__}: {str(error).splitlines()[0][:300]})")
+            return
+        self.compile_seconds = time.perf_counter() - begin
+        log.info("%s: compiled in %.1f s", self.label, self.compile_seconds)
+        self._load(directory, _read_meta(directory), tensors)
+
+    def _refuse(self, root: pathlib.Path, reason: str) -> None:
+        """Remember that this graph cannot be compiled, so later runs do not trace it again."""
+        _report(self.label, reason)
+        try:
+            _publish(root, self._key, lambda scratch: {"refused": reason})
+        except OSError:
+            pass
+

@@ -1,0 +1,172 @@
+"""A converted graph specialized to one set of input shapes, as a functional aten graph.
+
+Why: the converted module (builder.py) calls one onnx2torch module per ONNX node, with
+Python control flow on shape tensors (`if torch.any(shape == 0)`, `.tolist()`), and
+BatchNorm updates its running statistics in place.  Ahead-of-time compilation
+(engine/compiled.py) needs none of that.  ORT's artifacts have static shapes for a given
+batch, so one trace with real tensors (`make_fx`) folds every Shape/Gather/Concat/Reshape
+chain into constants, inlines the modules into aten calls and, under `functionalize`,
+turns the in-place running-stat updates into extra outputs (views stay views: the
+compiler handles them natively).
+
+Guards, so the specialized graph computes what the module computes for *every* input of
+these shapes: a trace that read a tensor *value* derived from a user input or a parameter
+(data-dependent control flow), or that contains random operators (Dropout: compiled code
+would draw other random numbers than torch's generator), is refused with
+`NotSpecializable`, and the caller keeps running the module itself.
+"""
+from __future__ import annotations
+
+import contextlib
+import operator
+from dataclasses import dataclass
+from typing import Iterator, List, Sequence, Set
+
+import torch
+from torch import fx
+
+from . import kernels
+
+
+
+class NotSpecializable(RuntimeError):
+    """The graph cannot be specialized; the message says why (shown to the user once)."""
+
+
+@dataclass
+class SpecializedGraph:
+    """`module(*inputs, *constants)` returns the original outputs, then the new values of
+    the inputs the original module updated in place (`mutated[i]` indexes inputs+constants)."""
+
+    module: fx.GraphModule
+    constants: List[torch.Tensor]
+    num_outputs: int
+    mutated: List[int]
+
+
+def lifted_constants(module: fx.GraphModule) -> List[torch.Tensor]:
+    """The module's tensor attributes (get_attr nodes), in graph order: the live tensors,
+    so in-place updates of a compiled step land where the module keeps them."""
+    parameters = dict(module.named_parameters())
+    return [parameters[node.target] if node.target in parameters else module.get_buffer(node.target)
+            for node in module.graph.nodes if node.op == "get_attr"]
+
+
+def _lift_constants(module: fx.GraphModule) -> fx.GraphModule:
+    """Copy of `module` whose get_attr nodes are trailing placeholders (lifted_constants order)."""
+    graph = fx.Graph()
+    env = {}
+    nodes = list(module.graph.nodes)
+    for node in nodes:
+        if node.op == "placeholder":
+            env[node] = graph.placeholder(node.name)
+    for index, node in enumerate(n for n in nodes if n.op == "get_attr"):
+        env[node] = graph.placeholder(f"constant{index}")
+    for node in nodes:
+        if node.op not in ("placeholder", "get_attr"):
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    return fx.GraphModule(module, graph)
+
+
+@contextlib.contextmanager
+def _trace_environment(device: torch.device) -> Iterator[None]:
+    """Aten kernels only (no oneDNN linear, which the compiler cannot lower) and no RNG drift."""
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), kernels.plain_aten_kernels():
+        yield
+
+
+def _ancestors(node: fx.Node) -> Set[fx.Node]:
+    seen: Set[fx.Node] = set()
+    stack = [node]
+    while stack:
+        for parent in stack.pop().all_input_nodes:
+            if parent not in seen:
+                seen.add(parent)
+                stack.append(parent)
+    return seen
+
+
+def _is_view(node: fx.Node) -> bool:
+    """Whether the node's value may share memory with another value of the graph."""
+    if node.op == "call_function" and node.target is operator.getitem:
+        return _is_view(node.args[0])
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    return schema is not None and any(ret.alias_info is not None for ret in schema.returns)
+
+
+def _check_traced(graph: fx.Graph, variable: Set[str]) -> None:
+    """Refuse random operators and values read from inputs that may change between steps."""
+    for node in graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        if torch.Tag.nondeterministic_seeded in node.target.tags:
+            raise NotSpecializable(f"the graph draws random numbers ({node.target.name()}, e.g. Dropout)")
+        if node.target is torch.ops.aten._local_scalar_dense.default:  # .item(), .tolist(), bool()
+            sources = [n.name for n in _ancestors(node) if n.op == "placeholder" and n.name in variable]
+            if sources:
+                raise NotSpecializable("the graph's control flow reads tensor values computed from inputs or "
+                                       "parameters (data-dependent shapes)")
+
+
+def specialize(module: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> SpecializedGraph:
+    """Trace `module(*example_inputs)` into a functional aten graph for exactly these shapes.
+
+    Runs the module once on copies of the inputs (nothing the caller owns changes, the
+    random generators are restored).  Raises NotSpecializable with the reason."""
+    from torch.func import functionalize
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    lifted, constants = _lift_constants(module), lifted_constants(module)
+    copies = [tensor.detach().clone() for tensor in list(example_inputs) + constants]
+    device = example_inputs[0].device if example_inputs else torch.device("cpu")
+    with _trace_environment(device):
+        traced = make_fx(functionalize(lifted, remove="mutations"), decomposition_table={},
+                         tracing_mode="real", _error_on_data_dependent_ops=False)(*copies)
+    graph = traced.graph
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    # Trace-time constants (torch.tensor(...) inside converters) become inputs too.
+    for node in list(graph.nodes):
+        if node.op == "get_attr":
+            constants.append(getattr(traced, node.target))
+            with graph.inserting_after(placeholders[-1]):
+                placeholders.append(graph.placeholder(f"trace_constant{len(constants)}"))
+            node.replace_all_uses_with(placeholders[-1])
+            graph.erase_node(node)
+
+    # functionalize writes input updates back as trailing copy_(input, new_value): make them outputs.
+    output = next(node for node in reversed(graph.nodes) if node.op == "output")
+    outputs = list(output.args[0])
+    index_of = {node: index for index, node in enumerate(placeholders)}
+    mutated: List[int] = []
+    new_values: List[fx.Node] = []
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default and node.args[0] in index_of:
+            mutated.append(index_of[node.args[0]])
+            new_values.append(node.args[1])
+            graph.erase_node(node)
+    variable = {placeholders[i].name for i in range(len(example_inputs))}
+    variable |= {placeholders[i].name for i in mutated}
+    _check_traced(graph, variable)
+
+    # Every output a fresh tensor (not an input, a view or another output): the compiled
+    # code's output list then maps one to one onto these.
+    fresh: List[fx.Node] = []
+    with graph.inserting_before(output):
+        for value in outputs + new_values:
+            if value.op == "placeholder" or value in fresh or _is_view(value):
+                value = graph.call_function(torch.ops.aten.clone.default, (value,))
+            fresh.append(value)
+    output.args = (tuple(fresh),)
+    for node in graph.nodes:
+        # A view recorded on the trace's real strides may not be a view of the strides the
+        # compiler picks; in a graph without in-place updates reshape means the same.
+        if node.op == "call_function" and node.target is torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
+    graph.eliminate_dead_code()
+    for node in graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and \
+                node.target._schema.is_mutable:
+            raise NotSpecializable(f"in-place operator {node.target.name()} left after functionalization")
+    traced.recompile()
+    return SpecializedGraph(traced, constants, len(outputs), mutated)

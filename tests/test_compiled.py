@@ -1,0 +1,241 @@
+"""The compiled train step (graph/specialize.py, engine/compiled.py) against the eager one.
+
+The differential suites run eagerly by default (conftest sets ORT_TORCH_COMPAT_COMPILE=off);
+`ORT_TORCH_COMPAT_COMPILE=on python -m pytest tests/test_training_parity.py` runs them with
+every train step compiled.  Here: the specialized graph computes what the converted module
+computes (outputs, gradients, in-place BatchNorm statistics) without a C++ compiler; one
+real compilation (cached under .pytest_cache, so only the first run after a change to the
+compiler path pays it) matches eager steps and loads from the cache; every fallback warns
+once and trains eagerly.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import fx, nn
+
+from ort_torch_compat.api import CheckpointState
+from ort_torch_compat.engine import TrainingEngine, compiled
+from ort_torch_compat.graph.specialize import NotSpecializable, specialize
+from ort_torch_compat.legacy import SessionOptions
+from tests.conftest import FIXTURES, ROOT, load_spec
+from tests.scenario import make_batch
+
+TEST_CACHE = ROOT / ".pytest_cache" / "ort_torch_compat"
+
+
+def _engine(config: str, **options) -> tuple:
+    directory = FIXTURES / config
+    state = CheckpointState.load_checkpoint(directory / "checkpoint")
+    session_options = SessionOptions()
+    for key, value in options.items():
+        session_options.add_session_config_entry(key, value)
+    engine = TrainingEngine(state._state, str(directory / "training_model.onnx"), session_options=session_options)
+    return engine, load_spec(directory)
+
+
+def _feeds(engine: TrainingEngine, spec: dict, step: int) -> list:
+    batch = make_batch(spec, step, 0)
+    return [torch.from_numpy(batch[name]) for name in engine.input_names(True)]
+
+
+def _clones(tensors) -> list:
+    return [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+
+
+@pytest.mark.parametrize("config", ["cnn_ce_adamw_op17", "transformer_ce_adamw_op17", "lstm_ce_adamw_op17",
+                                    "tensorops_mse_adamw_op17", "twoout_mse_adamw_lossinput_addout_op17"])
+def test_specialized_graph_computes_what_the_module_computes(config):
+    engine, spec = _engine(config, **{compiled.CONFIG_KEY: "off"})
+    module = engine.train_module
+    tensors = _feeds(engine, spec, 1) + engine._train_params
+    specialized = specialize(module, tensors)
+
+    expected_inputs = _clones(tensors)
+    expected = module(*expected_inputs)
+    actual_inputs = _clones(tensors)
+    every = actual_inputs + [c.detach().clone() for c in specialized.constants]
+    results = specialized.module(*every)
+    actual = results[: specialized.num_outputs]
+    with torch.no_grad():  # what the compiled step does with the trailing outputs
+        for index, value in zip(specialized.mutated, results[specialized.num_outputs:]):
+            every[index].copy_(value)
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+    leaves = [i for i, t in enumerate(tensors) if t.requires_grad]
+    grads_expected = torch.autograd.grad(expected[0].sum(), [expected_inputs[i] for i in leaves], allow_unused=True)
+    grads_actual = torch.autograd.grad(actual[0].sum(), [actual_inputs[i] for i in leaves], allow_unused=True)
+    for a, e in zip(grads_actual, grads_expected):
+        assert (a is None) == (e is None)
+        if e is not None:
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+    for a, e in zip(actual_inputs, expected_inputs):  # running statistics updated alike
+        torch.testing.assert_close(a.detach(), e.detach(), rtol=1e-5, atol=1e-6)
+    if config.startswith("cnn"):
+        assert specialized.mutated, "BatchNorm's running statistics must come back as outputs"
+
+
+def test_specializing_leaves_inputs_and_random_state_alone():
+    engine, spec = _engine("cnn_ce_adamw_op17", **{compiled.CONFIG_KEY: "off"})
+    tensors = _feeds(engine, spec, 1) + engine._train_params
+    before = [t.detach().clone() for t in tensors]
+    rng = torch.get_rng_state()
+    specialize(engine.train_module, tensors)
+    assert all(torch.equal(a, b) for a, b in zip(tensors, before))
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_random_operators_are_not_specialized():
+    directory = FIXTURES / "dropout"
+    state = CheckpointState.load_checkpoint(directory / "checkpoint")
+    engine = TrainingEngine(state._state, str(directory / "training_model.onnx"))
+    feeds = [torch.randn(*[d or 1 for d in spec.shape]) if spec.elem_type == 1 else
+             torch.zeros([d or 1 for d in spec.shape], dtype=torch.int64) for spec in engine.train_io.user_inputs]
+    with pytest.raises(NotSpecializable, match="random"):
+        specialize(engine.train_module, feeds + engine._train_params)
+
+
+class _ReadsValue(nn.Module):
+    def forward(self, x, w):
+        return x[: int(w.detach()[0].abs().ceil())] * w
+
+
+def test_control_flow_on_parameter_values_is_not_specialized():
+    graph = fx.Graph()
+    x, w = graph.placeholder("x"), graph.placeholder("w")
+    graph.output((graph.call_module("reads", (x, w)),))
+    root = nn.Module()
+    root.add_module("reads", _ReadsValue())
+    module = fx.GraphModule(root, graph)
+    with pytest.raises(NotSpecializable, match="data-dependent"):
+        specialize(module, [torch.randn(4, 3), torch.full((3,), 2.0, requires_grad=True)])
+
+
+def test_compile_setting_sources(monkeypatch):
+    monkeypatch.delenv(compiled.COMPILE_ENV, raising=False)
+    assert compiled.compile_setting() == "auto"
+    monkeypatch.setenv(compiled.COMPILE_ENV, "1")
+    assert compiled.compile_setting() == "on"
+    options = SessionOptions()
+    options.graph_optimization_level = 0  # ORT_DISABLE_ALL
+    assert compiled.compile_setting(options) == "off"
+    options.add_session_config_entry(compiled.CONFIG_KEY, "auto")
+    assert compiled.compile_setting(options) == "auto"
+    monkeypatch.setenv(compiled.COMPILE_ENV, "fast")
+    with pytest.raises(ValueError, match="compile setting"):
+        compiled.compile_setting()
+
+
+def _train(engine: TrainingEngine, spec: dict, steps: int) -> list:
+    """Losses, gradients and every parameter (running statistics included) per step."""
+    record = []
+    for step in range(1, steps + 1):
+        outputs = engine.train_step(_feeds(engine, spec, step))
+        engine.lazy_reset_grad()
+        params = [engine.state.parameters[name].tensor for name in engine.train_io.param_names()]
+        record.append([o.clone() for o in outputs] + [p.grad.clone() for p in params if p.grad is not None]
+                      + [p.detach().clone() for p in params])
+    return record
+
+
+@pytest.mark.skipif(compiled.cxx_compiler() is None, reason="needs a C++ compiler")
+def test_compiled_step_matches_eager_and_loads_from_the_cache(monkeypatch):
+    monkeypatch.setenv(compiled.CACHE_ENV, str(TEST_CACHE))
+    monkeypatch.setattr(compiled, "_FASTER", float("inf"))  # "auto" uses it even where it is not faster
+    config = "cnn_ce_adamw_op17"  # BatchNorm: in-place running statistics through the compiled step
+    eager, spec = _engine(config, **{compiled.CONFIG_KEY: "off"})
+    first, _ = _engine(config, **{compiled.CONFIG_KEY: "on"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", compiled.CompileWarning)
+        expected, actual = _train(eager, spec, 3), _train(first, spec, 3)
+    assert first.train_runner.path == "compiled"
+    for step_expected, step_actual in zip(expected, actual):
+        assert len(step_expected) == len(step_actual)
+        for e, a in zip(step_expected, step_actual):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+
+    # A cached compilation is used from the first step, read without unpickling anything.
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("the cache must not be unpickled"))
+    monkeypatch.setattr(pickle, "loads", lambda *a, **k: pytest.fail("the cache must not be unpickled"))
+    warm, _ = _engine(config, **{compiled.CONFIG_KEY: "auto"})
+    _train(warm, spec, 1)
+    assert warm.train_runner.path == "compiled" and warm.train_runner.compile_seconds is None
+
+
+def test_without_a_compiler_steps_run_eagerly_with_one_warning(monkeypatch, tmp_path):
+    monkeypatch.setenv(compiled.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(compiled, "cxx_compiler", lambda: None)
+    monkeypatch.setattr(compiled, "_reported", set())
+    eager, spec = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "off"})
+    engine, _ = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "on"})
+    with pytest.warns(compiled.CompileWarning, match="no C\\+\\+ compiler") as caught:
+        actual = _train(engine, spec, 2)
+    assert len([w for w in caught if issubclass(w.category, compiled.CompileWarning)]) == 1
+    assert engine.train_runner.path == "eager"
+    for step_expected, step_actual in zip(_train(eager, spec, 2), actual):
+        for e, a in zip(step_expected, step_actual):
+            assert torch.equal(a, e)
+
+
+def test_a_refused_graph_is_remembered(monkeypatch, tmp_path):
+    monkeypatch.setenv(compiled.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(compiled, "_reported", set())
+    monkeypatch.setattr(compiled, "cxx_compiler", lambda: "c++")
+
+    def refuse(module, tensors):
+        raise NotSpecializable("the graph draws random numbers (test)")
+
+    monkeypatch.setattr("ort_torch_compat.graph.specialize.specialize", refuse)
+    engine, spec = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "on"})
+    with pytest.warns(compiled.CompileWarning, match="random numbers"):
+        _train(engine, spec, 1)
+    metas = [json.loads(p.read_text()) for p in pathlib.Path(tmp_path).glob("compiled/*/meta.json")]
+    assert metas == [{"refused": "the graph draws random numbers (test)"}]
+
+    monkeypatch.setattr(compiled, "_reported", set())
+    monkeypatch.setattr("ort_torch_compat.graph.specialize.specialize", lambda *a: pytest.fail("traced again"))
+    again, _ = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "on"})
+    with pytest.warns(compiled.CompileWarning, match="random numbers"):
+        _train(again, spec, 1)
+    assert again.train_runner.path == "eager"
+
+
+def test_cache_key_follows_shapes_and_graph_not_parameter_values():
+    engine, spec = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "off"})
+    tensors = _feeds(engine, spec, 1) + engine._train_params
+    key = compiled.graph_key(engine.train_module, tensors)
+    assert compiled.graph_key(engine.train_module, [t.detach() * 2 for t in tensors[:1]] + tensors[1:]) == key
+    assert compiled.graph_key(engine.train_module, [tensors[0][:1]] + tensors[1:]) != key
+    other, other_spec = _engine("mlp_l1_adamw_op17", **{compiled.CONFIG_KEY: "off"})
+    other_tensors = _feeds(other, other_spec, 1) + other._train_params
+    assert compiled.graph_key(other.train_module, other_tensors) != key
+    np.testing.assert_equal(len(key), 32)
+
+
+def test_auto_compiles_only_after_enough_eager_training(monkeypatch, tmp_path):
+    monkeypatch.setenv(compiled.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(compiled, "_reported", set())
+    monkeypatch.setattr(compiled, "cxx_compiler", lambda: "c++")
+    attempts = []
+
+    def refuse(module, tensors):
+        attempts.append(1)
+        raise NotSpecializable("refused (test)")
+
+    monkeypatch.setattr("ort_torch_compat.graph.specialize.specialize", refuse)
+    monkeypatch.setenv(compiled.AFTER_ENV, "1e9")
+    engine, spec = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "auto"})
+    _train(engine, spec, 3)
+    assert attempts == [] and engine.train_runner.path == "eager"
+    monkeypatch.setenv(compiled.AFTER_ENV, "0")
+    engine, spec = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "auto"})
+    with pytest.warns(compiled.CompileWarning, match="refused"):
+        _train(engine, spec, 3)
+    assert attempts == [1]

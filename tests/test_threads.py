@@ -1,0 +1,83 @@
+"""The per-engine thread policy (engine/threads.py): the caller's torch thread count is never
+changed behind its back, an explicit count is honoured, and the measured choice follows
+the step times."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from ort_torch_compat.api import CheckpointState, Module, Optimizer
+from ort_torch_compat.engine import threads
+from ort_torch_compat.engine.threads import ThreadPolicy, thread_setting
+from ort_torch_compat.legacy import SessionOptions
+from tests.conftest import FIXTURES, load_spec
+from tests.scenario import make_batch
+
+
+@pytest.fixture
+def two_threads():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(previous)
+
+
+def _module(intra_op_num_threads: int = 0):
+    directory = FIXTURES / "mlp_mse_adamw_op17"
+    options = SessionOptions()
+    options.intra_op_num_threads = intra_op_num_threads
+    state = CheckpointState.load_checkpoint(directory / "checkpoint")
+    module = Module(directory / "training_model.onnx", state, directory / "eval_model.onnx", session_options=options)
+    batch = make_batch(load_spec(directory), 1, 0)
+    return module, Optimizer(directory / "optimizer_model.onnx", module), [batch[n] for n in module.input_names()]
+
+
+def test_an_explicit_count_applies_inside_and_the_callers_count_after(two_threads, monkeypatch):
+    module, optimizer, feeds = _module(intra_op_num_threads=1)
+    seen = []
+    graph = module._engine.train_runner.module  # what the (eager) train step calls
+    monkeypatch.setattr(module._engine.train_runner, "module", lambda *t: seen.append(torch.get_num_threads()) or graph(*t))
+    module(*feeds)
+    optimizer.step()
+    module.eval()
+    module(*feeds)
+    assert seen == [1]
+    assert torch.get_num_threads() == 2
+    assert module._engine.threads.count() == 1
+
+
+def test_the_measured_choice_follows_step_times(two_threads, monkeypatch):
+    monkeypatch.setattr(threads, "_MIN_RETRY_INTERVAL_S", 0.0)
+    policy = ThreadPolicy()
+    slow_count = [2]
+
+    def step():
+        with policy.measured_scope("train"):
+            assert torch.get_num_threads() in (1, 2)
+            time.sleep(0.02 if torch.get_num_threads() == slow_count[0] else 0.002)
+
+    for _ in range(8):  # one warm-up call, then three samples of each count
+        step()
+    assert policy.count() == 1
+    assert torch.get_num_threads() == 2  # restored after every call
+    slow_count[0] = 1  # the machine changed: now the single thread is the slow one
+    for _ in range(12):
+        step()
+    assert policy.count() == 2
+
+
+def test_thread_setting_sources(monkeypatch):
+    monkeypatch.delenv(threads.THREADS_ENV, raising=False)
+    assert thread_setting() is None
+    options = SessionOptions()
+    options.intra_op_num_threads = 3
+    assert thread_setting(options) == 3
+    monkeypatch.setenv(threads.THREADS_ENV, "2")
+    assert thread_setting() == 2 and thread_setting(options) == 3
+    monkeypatch.setenv(threads.THREADS_ENV, "auto")
+    assert thread_setting() is None
+    monkeypatch.setenv(threads.THREADS_ENV, "many")
+    with pytest.raises(ValueError, match=threads.THREADS_ENV):
+        thread_setting()
