@@ -131,12 +131,12 @@ def graph_key(module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -> str:
     capability, the converted graph (code, each module's class, attributes and buffers),
     the source files of those classes and of the compiler path, and the inputs' shapes,
     dtypes and requires_grad flags (parameter values are inputs, not part of the key)."""
-    from ..graph import kernels, specialize
+    from ..graph import dense_kernel, specialize
 
     digest = hashlib.sha256()
     digest.update(f"{_FORMAT}|{torch.__version__}|{torch.backends.cpu.get_cpu_capability()}".encode())
     digest.update(module.code.encode())
-    sources = {__file__, specialize.__file__, kernels.__file__}
+    sources = {__file__, specialize.__file__, dense_kernel.__file__}
     for name, sub in module.named_modules():
         sources.add(inspect.getsourcefile(type(sub)) or "")
         digest.update(f"{name}|{type(sub).__module__}.{type(sub).__qualname__}".encode())

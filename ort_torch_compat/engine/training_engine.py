@@ -19,7 +19,7 @@ from .compiled import TrainStepRunner
 from .host_allocator import tune_host_allocator
 from .io_spec import BatchCheck, StepInput, check_inputs, names
 from .model_io import ModelSource, describe, load_model
-from .parameters import ParameterStore
+from .parameter_store import ParameterStore
 from .state import TrainingState
 from .step_failure import raise_explained
 from .string_inputs import StringCasts

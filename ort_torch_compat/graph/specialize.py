@@ -25,7 +25,7 @@ from typing import Iterator, List, Sequence, Set
 import torch
 from torch import fx
 
-from . import kernels
+from . import dense_kernel
 
 
 
@@ -72,7 +72,7 @@ def _lift_constants(module: fx.GraphModule) -> fx.GraphModule:
 def _trace_environment(device: torch.device) -> Iterator[None]:
     """Aten kernels only (no oneDNN linear, which the compiler cannot lower) and no RNG drift."""
     devices = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), kernels.plain_aten_kernels():
+    with torch.random.fork_rng(devices=devices), dense_kernel.plain_aten_kernels():
         yield
 
 

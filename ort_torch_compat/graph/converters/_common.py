@@ -1,7 +1,7 @@
 """Helpers shared by our converters: attribute access and the result shape onnx2torch expects."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from onnx2torch.onnx_graph import OnnxGraph
@@ -9,7 +9,7 @@ from onnx2torch.onnx_node import OnnxNode
 from onnx2torch.utils.common import OnnxMapping, OnnxToTorchModule, OperationConverterResult, get_const_value
 from torch import nn
 
-__all__ = ["OnnxModule", "result", "constant_or_none", "OnnxGraph", "OnnxNode"]
+__all__ = ["OnnxModule", "result", "constant_or_none", "constants_or_fed", "OnnxGraph", "OnnxNode"]
 
 
 class OnnxModule(nn.Module, OnnxToTorchModule):
@@ -33,3 +33,18 @@ def constant_or_none(node: OnnxNode, graph: OnnxGraph, position: int):
     except KeyError:
         return None
     return value.tolist() if isinstance(value, torch.Tensor) else value
+
+
+def constants_or_fed(node: OnnxNode, graph: OnnxGraph, positions: Sequence[int]) -> Tuple[List, List[str]]:
+    """For optional inputs that are usually constants (pads, scales, sizes...): their values
+    where constant (else None) and the module's inputs: input 0, then per position the fed
+    name where it is not a constant, "" where it is or is absent, trailing "" dropped.  The
+    module thus reads a value at run time only where the graph computes it."""
+    values = [constant_or_none(node, graph, position) for position in positions]
+    inputs: List[str] = [node.input_values[0]]
+    for position, value in zip(positions, values):
+        present = position < len(node.input_values) and bool(node.input_values[position])
+        inputs.append(node.input_values[position] if present and value is None else "")
+    while inputs[-1] == "":
+        inputs.pop()
+    return values, inputs

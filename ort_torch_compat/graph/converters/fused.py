@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..fusion import FUSED_DOMAIN
-from ..kernels import linear
+from ..dense_kernel import linear
 from ..registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 

@@ -7,12 +7,12 @@ which torch differentiates; torch's F.pad covers only trailing axes for its non-
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from ..registry import register
-from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, result
+from ._common import OnnxGraph, OnnxModule, OnnxNode, constants_or_fed, result
 
 
 def _pad_axis(x: torch.Tensor, axis: int, begin: int, end: int, mode: str, value) -> torch.Tensor:
@@ -68,14 +68,7 @@ def _attributes(node: OnnxNode, graph: OnnxGraph):
 
 
 def _inputs(node: OnnxNode, graph: OnnxGraph):
-    constants = [constant_or_none(node, graph, i) for i in (1, 2, 3)]
-    inputs: List[str] = [node.input_values[0]]
-    for position, value in zip((1, 2, 3), constants):
-        present = position < len(node.input_values) and bool(node.input_values[position])
-        inputs.append(node.input_values[position] if present and value is None else "")
-    while inputs[-1] == "":
-        inputs.pop()
-    pads, value, axes = constants
+    (pads, value, axes), inputs = constants_or_fed(node, graph, (1, 2, 3))
     fill = 0.0 if value is None else (value[0] if isinstance(value, list) else value)
     return result(Pad(node.attributes.get("mode", "constant"), pads, fill, axes), node, inputs)
 

@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..registry import register
-from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, result
+from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, constants_or_fed, result
 
 
 def _source(x: torch.Tensor, mode: str, scale: float, in_len: int, out_len: int, roi=None) -> torch.Tensor:
@@ -174,14 +174,7 @@ def _resize(legacy: bool):
                             "stretch", scales, None, None)
             inputs = [node.input_values[0], "", node.input_values[1]] if fed else node.input_values[:1]
             return result(module, node, inputs)
-        values = [constant_or_none(node, graph, i) for i in (1, 2, 3)]
-        inputs = [node.input_values[0]]
-        for position, value in zip((1, 2, 3), values):
-            present = position < len(node.input_values) and bool(node.input_values[position])
-            inputs.append(node.input_values[position] if present and value is None else "")
-        while inputs[-1] == "":
-            inputs.pop()
-        roi, scales, sizes = values
+        (roi, scales, sizes), inputs = constants_or_fed(node, graph, (1, 2, 3))
         module = Resize(
             a.get("mode", "nearest"), a.get("coordinate_transformation_mode", "half_pixel"),
             a.get("nearest_mode", "round_prefer_floor"), float(a.get("cubic_coeff_a", -0.75)),
