@@ -7,13 +7,14 @@ builds its graphs here, so they convert the same way.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import torch
 
 from ..errors import ModelMismatchError
 from .io_spec import names
 from .model_io import opset_map
+from .state import TrainingState
 from .training_graph import GraphIO
 
 if TYPE_CHECKING:
@@ -34,6 +35,12 @@ def build_module(model: "onnx.ModelProto", io: GraphIO, label: str, fed_names: O
     input_names = list(names(io.user_inputs) if fed_names is None else fed_names) + io.param_names()
     graph = detach_unowned_running_stats(forward_graph(model, io.outputs, input_names, label), buffers)
     return build_graph_module(graph, opset_map(model), input_names, io.outputs, label, gradients, training)
+
+
+def frozen_parameters(io: GraphIO, state: TrainingState) -> List[str]:
+    """The parameters of `io` that do not train: `build_module`'s `buffers`, the only
+    running statistics a training-mode BatchNorm may update in place."""
+    return [name for name in io.param_names() if not state.parameters[name].requires_grad]
 
 
 def io_for_outputs(model: "onnx.ModelProto", io: GraphIO, outputs: Sequence[str], label: str) -> GraphIO:

@@ -18,7 +18,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from .io_spec import value_spec
+from .io_spec import ValueSpec, value_spec
 from .state import ParameterSlot, TrainingState
 from .training_engine import TrainingEngine
 from .training_graph import GraphIO
@@ -50,8 +50,7 @@ def loss_model(model: onnx.ModelProto, weights: Sequence[str], loss: str, label:
     overridable = [i for i in graph.input if i.name in initializers and i.name not in trained]
     user_inputs = [value_spec(i) for i in graph.input if i.name not in initializers]
     user_inputs += [value_spec(i) for i in overridable]
-    params = [value_spec(onnx.helper.make_tensor_value_info(w, initializers[w].data_type, initializers[w].dims))
-              for w in weights]
+    params = [ValueSpec(w, initializers[w].data_type, tuple(int(d) for d in initializers[w].dims)) for w in weights]
     outputs = [loss] + [o.name for o in graph.output if o.name != loss]
     state = TrainingState()
     for w in weights:

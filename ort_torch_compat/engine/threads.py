@@ -28,7 +28,7 @@ import contextlib
 import functools
 import os
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, ContextManager, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -62,6 +62,19 @@ def _candidates(ceiling: int) -> List[int]:
     return sorted({1, ceiling} | ({ceiling // 2} if ceiling >= 4 else set()))
 
 
+@contextlib.contextmanager
+def _with_threads(count: int) -> Iterator[None]:
+    """torch's intra-op thread count is `count` inside, the caller's again after."""
+    previous = torch.get_num_threads()
+    if count != previous:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        if count != previous:
+            torch.set_num_threads(previous)
+
+
 class ThreadPolicy:
     """The thread count of one engine's calls (see the module docstring)."""
 
@@ -81,39 +94,26 @@ class ThreadPolicy:
             return self.fixed
         return self._chosen.get((self._path, ceiling), ceiling)
 
-    @contextlib.contextmanager
-    def scope(self) -> Iterator[None]:
+    def scope(self) -> ContextManager[None]:
         """Run the body with this engine's count; restore the caller's count after."""
-        previous = torch.get_num_threads()
-        count = self.count()
-        if count != previous:
-            torch.set_num_threads(count)
-        try:
-            yield
-        finally:
-            if count != previous:
-                torch.set_num_threads(previous)
+        return _with_threads(self.count())
 
     @contextlib.contextmanager
     def measured_scope(self, path: str) -> Iterator[None]:
         """`scope`, plus: time the body and let the measurement steer the next choice."""
-        previous = torch.get_num_threads()
-        if self.fixed is not None or previous <= 1:
+        ceiling = torch.get_num_threads()
+        if self.fixed is not None or ceiling <= 1:
             with self.scope():
                 yield
             return
         self._path = path
-        key = (path, previous)
-        count = self._next(key, previous)
-        if count != previous:
-            torch.set_num_threads(count)
-        begin = time.perf_counter()
-        try:
+        key = (path, ceiling)
+        count = self._next(key, ceiling)
+        with _with_threads(count):
+            begin = time.perf_counter()
             yield
-        finally:
-            if count != previous:
-                torch.set_num_threads(previous)
-        self._record(key, count, time.perf_counter() - begin)  # failed calls are no measurement
+            seconds = time.perf_counter() - begin
+        self._record(key, count, seconds)  # failed calls are no measurement
 
     # ---- the measured choice ----------------------------------------------------------
     def _next(self, key: Tuple[str, int], ceiling: int) -> int:

@@ -14,7 +14,7 @@ import torch
 
 from ..errors import InvalidInputError, ModelLoadError, NominalStateError
 from .device import parse_device
-from .graph_module import build_module
+from .graph_module import build_module, frozen_parameters
 from .compiled import TrainStepRunner
 from .host_allocator import tune_host_allocator
 from .io_spec import BatchCheck, StepInput, check_inputs, names
@@ -88,7 +88,7 @@ class TrainingEngine:
         self.train_strings = StringCasts(train_proto, self.train_io.user_inputs, self.train_label)
         self.train_module = build_module(self.train_strings.model, self.train_io, self.train_label,
                                          self.train_strings.fed_names, gradients, training=True,
-                                         buffers=self._buffers(self.train_io)).to(self.device).train()
+                                         buffers=frozen_parameters(self.train_io, state)).to(self.device).train()
         self.train_runner = TrainStepRunner(self.train_module, self.train_label, self.device, session_options)
 
         self.eval_source = eval_model
@@ -105,7 +105,7 @@ class TrainingEngine:
             self.eval_strings = StringCasts(eval_proto, self.eval_io.user_inputs, eval_label)
             self.eval_module = build_module(self.eval_strings.model, self.eval_io, eval_label,
                                             self.eval_strings.fed_names, gradients,
-                                            buffers=self._buffers(self.eval_io)).to(self.device).eval()
+                                            buffers=frozen_parameters(self.eval_io, state)).to(self.device).eval()
 
         self.store = ParameterStore(state, self.train_io.param_names(), shapes, self.device)
         self._train_params = [state.parameters[n].tensor for n in self.train_io.param_names()]
@@ -113,12 +113,12 @@ class TrainingEngine:
         self._accumulate = False
 
     # ---- steps -----------------------------------------------------------------------
-    def _buffers(self, io: GraphIO) -> List[str]:
-        """The frozen parameters of `io`: the only running statistics a step may update."""
-        return [name for name in io.param_names() if not self.state.parameters[name].requires_grad]
-
-    def _feeds(self, inputs: Sequence[StepInput], strings: StringCasts, step: str) -> List[torch.Tensor]:
-        """The module's user feeds on this device (string inputs parsed by their Cast nodes)."""
+    def _feeds(self, inputs: Sequence[StepInput], io: GraphIO, batch: BatchCheck, strings: StringCasts,
+               step: str) -> List[torch.Tensor]:
+        """The module's user feeds on this device, after the checks ORT makes (types, fixed
+        dims, one batch size); string inputs parsed by their Cast nodes."""
+        check_inputs(io.user_inputs, inputs, step)
+        batch(inputs, step)
         tensors = strings.feeds(inputs, step)
         fed = strings.fed_names
         return [t if t.device == self.device else self._move(t, fed[i]) for i, t in enumerate(tensors)]
@@ -138,9 +138,7 @@ class TrainingEngine:
     def train_step(self, inputs: Sequence[StepInput]) -> List[torch.Tensor]:
         if self.state.is_nominal:
             raise NominalStateError(f"{NOMINAL_TRAIN_STEP} {LOAD_HINT}")
-        check_inputs(self.train_io.user_inputs, inputs, "train step")
-        self._train_batch(inputs, "train step")
-        feeds = self._feeds(inputs, self.train_strings, "train step")
+        feeds = self._feeds(inputs, self.train_io, self._train_batch, self.train_strings, "train step")
         with self.state.lock:  # BatchNorm running stats change in the forward pass (see TrainingState)
             previous_grads = None
             if not self._accumulate:
@@ -171,9 +169,7 @@ class TrainingEngine:
             raise ModelLoadError("Eval model was not provided. Cannot run an eval step.")
         if self.state.is_nominal:
             raise NominalStateError(f"{NOMINAL_EVAL_STEP} {LOAD_HINT}")
-        check_inputs(self.eval_io.user_inputs, inputs, "eval step")
-        self._eval_batch(inputs, "eval step")
-        feeds = self._feeds(inputs, self.eval_strings, "eval step")
+        feeds = self._feeds(inputs, self.eval_io, self._eval_batch, self.eval_strings, "eval step")
         try:
             with torch.no_grad():
                 return list(self.eval_module(*feeds, *self._eval_params))

@@ -78,10 +78,14 @@ def missing_operators(graph: onnx.GraphProto, opsets: Dict[str, int], training: 
     missing = []
     for node in graph.node:
         domain = "" if node.domain == "ai.onnx" else node.domain
-        refused = training and not domain and node.op_type in STRING_OPS
-        if refused or lookups(node.domain, node.op_type)[0] is None:
+        if _refused_in_training(training, domain, node.op_type) or lookups(node.domain, node.op_type)[0] is None:
             missing.append((domain, node.op_type, opsets.get(domain, 1)))
     return missing
+
+
+def _refused_in_training(training: bool, domain: str, op_type: str) -> bool:
+    """String ops run on numpy arrays outside autograd: no training graph may hold them."""
+    return training and not domain and op_type in STRING_OPS
 
 
 def build_graph_module(
@@ -107,7 +111,7 @@ def _build(graph: onnx.GraphProto, opsets: Dict[str, int], input_names: Sequence
     lookups = _Lookups(opsets)
     missing = missing_operators(graph, opsets, training, lookups)
     if missing:
-        reasons = {key: NOT_TRAINABLE for key in missing if training and not key[0] and key[1] in STRING_OPS}
+        reasons = {key: NOT_TRAINABLE for key in missing if _refused_in_training(training, key[0], key[1])}
         raise UnsupportedOperatorError(model_name, missing, reasons)
 
     fused = onnx.GraphProto(name=graph.name)  # the graph without copying its nodes twice

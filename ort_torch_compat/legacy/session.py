@@ -75,6 +75,7 @@ class TrainingSession:
         self._grad_args = ([NodeArg(f"{w}_grad", onnx_type_name(initializers[w].data_type), list(initializers[w].dims))
                             for w in self._weights] if params.set_gradients_as_graph_outputs else [])
         self._grad_names = {arg.name for arg in self._grad_args}
+        self._output_names = [arg.name for arg in self._output_args + self._grad_args]  # what run() may fetch
         self._optimizer_name = params.training_optimizer_name
         if self._optimizer_name and self._optimizer_name not in OPTIMIZERS:
             raise ValueError(f"training_optimizer_name '{self._optimizer_name}' is not supported; "
@@ -83,6 +84,7 @@ class TrainingSession:
         self._accumulation_steps = int(params.gradient_accumulation_steps)
         if self._accumulation_steps < 1:
             raise ValueError(f"gradient_accumulation_steps must be >= 1, got {self._accumulation_steps}")
+        self._weight_names = set(self._weights)
         self._model: LossModel = loss_model(model, self._weights, self._loss, label)
         del model, graph, initializers
         self._start(device)  # converts the graph now: unsupported operators fail at construction
@@ -92,6 +94,7 @@ class TrainingSession:
         """(Re)create the engine and the optimizer on `device` from the current weight values."""
         self._device = device
         self._engine = self._model.engine(str(device))
+        self._input_specs = {spec.name: spec for spec in self._engine.train_io.user_inputs}
         self._defaults = {name: t.to(device) for name, t in self._model.defaults.items()}
         weights = {w: self._weight(w) for w in self._weights}
         self._optimizer = build_optimizer(self._optimizer_name, weights, self._parameters) \
@@ -105,10 +108,9 @@ class TrainingSession:
     def run(self, output_names: Optional[Sequence[str]], input_feed: Dict[str, Any],
             run_options=None) -> List[np.ndarray]:
         """One training step; returns the requested outputs (computed before the update) as numpy arrays."""
-        fetches = [arg.name for arg in self.get_outputs()] if not output_names else list(output_names)
-        valid = {arg.name for arg in self.get_outputs()}
+        fetches = list(output_names) if output_names else self._output_names
         for name in fetches:
-            if name not in valid:
+            if name not in self._output_names:
                 raise InvalidInputError(f"Invalid Output Name:{name}")
         feeds = self._convert_feeds(input_feed)
         updates = bool(self._optimizer_name) and self._accumulated + 1 == self._accumulation_steps
@@ -151,10 +153,10 @@ class TrainingSession:
     def _convert_feeds(self, input_feed: Dict[str, Any]) -> Dict[str, torch.Tensor]:
         if not isinstance(input_feed, dict):
             raise TypeError("input_feed must be a dict {input_name: value}")
-        specs = {spec.name: spec for spec in self._engine.train_io.user_inputs}
+        specs = self._input_specs
         feeds = {}
         for name, value in input_feed.items():
-            if name in self._weights:
+            if name in self._weight_names:
                 raise InvalidInputError(f"'{name}' is a trained weight; set it with load_state(), not through the feed")
             if name not in specs and name != self._lr_name:
                 raise InvalidInputError(f"Invalid Feed Input Name:{name}")
@@ -377,11 +379,11 @@ def _load(source, sess_options) -> onnx.ModelProto:
         path = os.fspath(source)
         if fmt == "ORT" or (fmt != "ONNX" and path.lower().endswith(".ort")):
             raise orts
-    model = load_model(source, "training model")
+    model = load_model(source, "training model")  # external data already read, next to the model file
     if path is not None and any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
-        from onnx.external_data_helper import load_external_data_for_model
+        from onnx.external_data_helper import convert_model_from_external_data
 
-        load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+        convert_model_from_external_data(model)  # older onnx leaves the location EXTERNAL: mark it embedded
     return model
 
 

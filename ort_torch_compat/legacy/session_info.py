@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import onnx
 import torch
 
-from ..engine.io_spec import ONNX_TYPE_NAMES
+from ..engine.io_spec import onnx_type_name
 
 CPU = "CPUExecutionProvider"
 GPU_PROVIDERS = ("CUDAExecutionProvider", "ROCMExecutionProvider")
@@ -41,11 +41,7 @@ class NodeArg:
                     shape.append(dim.dim_param)
                 else:
                     shape.append(None)
-        return cls(info.name, f"tensor({ONNX_TYPE_NAMES.get(tensor_type.elem_type, 'undefined')})", shape)
-
-    @classmethod
-    def from_initializer(cls, tensor: onnx.TensorProto) -> "NodeArg":
-        return cls(tensor.name, f"tensor({ONNX_TYPE_NAMES.get(tensor.data_type, 'undefined')})", list(tensor.dims))
+        return cls(info.name, onnx_type_name(tensor_type.elem_type), shape)
 
     def __eq__(self, other: Any) -> bool:
         if not isinstance(other, NodeArg):

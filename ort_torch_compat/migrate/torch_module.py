@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from ..engine.export import model_outputs
-from ..engine.graph_module import build_module, io_for_outputs
+from ..engine.graph_module import build_module, frozen_parameters, io_for_outputs
 from ..engine.io_spec import check_inputs
 from ..engine.model_io import ModelSource, describe, load_model
 from ..engine.state import TrainingState
@@ -51,14 +51,15 @@ __all__ = ["to_torch_module", "OrtTorchModule", "model_outputs"]
 class _Graph:
     module: torch.nn.Module
     io: GraphIO  # the user inputs and parameters the module takes, and its outputs
+    params: List[str]  # io.param_names(), once: forward feeds them every call
 
 
 def _build_graph(model: onnx.ModelProto, io: GraphIO, outputs: Sequence[str], label: str,
                  state: TrainingState) -> _Graph:
     """The engine's module for `outputs`, fed only the inputs and parameters they need."""
     cut = io_for_outputs(model, io, outputs, label)
-    frozen = [name for name in cut.param_names() if not state.parameters[name].requires_grad]
-    return _Graph(build_module(model, cut, label, buffers=frozen), cut)
+    module = build_module(model, cut, label, buffers=frozen_parameters(cut, state))
+    return _Graph(module, cut, cut.param_names())
 
 
 def _is_path(source: object) -> bool:
@@ -178,7 +179,7 @@ class OrtTorchModule(nn.Module):
         feeds = [torch.from_numpy(np.ascontiguousarray(f)) if isinstance(f, np.ndarray) else f for f in feeds]
         check_inputs(specs, feeds, "forward")
         params = self.checkpoint_parameters()
-        outputs = graph.module(*feeds, *[params[name] for name in graph.io.param_names()])
+        outputs = graph.module(*feeds, *[params[name] for name in graph.params])
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _apply(self, fn, recurse=True):

@@ -9,7 +9,7 @@ from onnx2torch.onnx_node import OnnxNode
 from onnx2torch.utils.common import OnnxMapping, OnnxToTorchModule, OperationConverterResult, get_const_value
 from torch import nn
 
-__all__ = ["OnnxModule", "result", "constant_or_none", "constants_or_fed", "OnnxGraph", "OnnxNode"]
+__all__ = ["OnnxModule", "result", "constant_or_none", "constants_or_fed", "scalar", "OnnxGraph", "OnnxNode"]
 
 
 class OnnxModule(nn.Module, OnnxToTorchModule):
@@ -33,6 +33,13 @@ def constant_or_none(node: OnnxNode, graph: OnnxGraph, position: int):
     except KeyError:
         return None
     return value.tolist() if isinstance(value, torch.Tensor) else value
+
+
+def scalar(value, default):
+    """A constant input's value as one number (constants come back as lists), or `default`."""
+    if value is None:
+        return default
+    return value[0] if isinstance(value, list) else value
 
 
 def constants_or_fed(node: OnnxNode, graph: OnnxGraph, positions: Sequence[int]) -> Tuple[List, List[str]]:

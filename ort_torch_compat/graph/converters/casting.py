@@ -6,6 +6,8 @@ through numpy's string parsing and formatting.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 from onnx import TensorProto, helper
@@ -16,6 +18,7 @@ from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 _FLOAT8 = {TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ, TensorProto.FLOAT8E5M2, TensorProto.FLOAT8E5M2FNUZ}
 
 
+@functools.lru_cache(maxsize=None)  # Cast's forward asks on every step
 def torch_dtype(onnx_type: int) -> torch.dtype:
     """The torch dtype of an ONNX TensorProto data type (NotImplementedError if none)."""
     if onnx_type == TensorProto.BFLOAT16:

@@ -142,14 +142,12 @@ class Scan(OnnxModule):
         return states + stacked
 
     def forward(self, *inputs):
+        states = list(inputs[:self.states])
+        scans = list(inputs[self.states:self.states + self.scan_inputs])
+        outer = list(inputs[self.states + self.scan_inputs:])
         if not self.batched:
-            states = list(inputs[:self.states])
-            scans = list(inputs[self.states:self.states + self.scan_inputs])
-            results = self._scan(states, scans, list(inputs[self.states + self.scan_inputs:]))
+            results = self._scan(states, scans, outer)
         else:  # Scan-8: (sequence_lens,) states [B, ...], scans [B, T, ...]
-            states = list(inputs[:self.states])
-            scans = list(inputs[self.states:self.states + self.scan_inputs])
-            outer = list(inputs[self.states + self.scan_inputs:])
             per_batch = [self._scan([s[b] for s in states], [x[b] for x in scans], outer) for b in range(scans[0].shape[0])]
             results = [torch.stack([r[k] for r in per_batch]) for k in range(len(per_batch[0]))]
         results = results[: self.outputs]

@@ -13,13 +13,7 @@ import torch
 
 from ..gradient_quirks import ort_gradient, reproduce_ort_gradients
 from ..registry import register
-from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, result
-
-
-def _scalar(value, default):
-    if value is None:
-        return default
-    return value[0] if isinstance(value, list) else value
+from ._common import OnnxGraph, OnnxModule, OnnxNode, constants_or_fed, result, scalar
 
 
 class Dropout(OnnxModule):
@@ -36,27 +30,24 @@ class Dropout(OnnxModule):
         if active and p > 0.0:
             keep = torch.rand_like(x) >= p
             y = x * keep / (1.0 - p)
-        else:  # ORT's inference-only legacy kernels (7, 10) return an all-False mask
-            keep = torch.full_like(x, self.legacy is False, dtype=torch.bool)
+        else:
             y = ort_gradient(x, x / (1.0 - p)) if (self.ort_scaled_grad and p < 1.0) else x
+            if not self.with_mask:
+                return y
+            # ORT's inference-only legacy kernels (7, 10) return an all-False mask
+            keep = torch.full_like(x, not self.legacy, dtype=torch.bool)
         if self.with_mask:
             return y, keep.to(self.mask_dtype or x.dtype)
         return y
 
 
 def _opset12(node: OnnxNode, graph: OnnxGraph):
-    ratio = constant_or_none(node, graph, 1)
-    training = constant_or_none(node, graph, 2)
-    present = [i < len(node.input_values) and bool(node.input_values[i]) for i in (1, 2)]
-    inputs = [node.input_values[0]] + [
-        node.input_values[i] if present[i - 1] and constant_or_none(node, graph, i) is None else "" for i in (1, 2)
-    ]
-    while inputs[-1] == "":
-        inputs.pop()
+    (ratio, training), inputs = constants_or_fed(node, graph, (1, 2))
+    has_ratio = len(node.input_values) > 1 and bool(node.input_values[1])
     # ORT's DropoutGrad scales by 1/(1 - ratio) even when inactive, but only when the node has a
     # ratio input (measured; without one the gradient is the identity).
-    module = Dropout(float(_scalar(ratio, 0.5)), bool(_scalar(training, False)), len(node.output_values) > 1,
-                     torch.bool, ort_scaled_grad=present[0] and reproduce_ort_gradients())
+    module = Dropout(float(scalar(ratio, 0.5)), bool(scalar(training, False)), len(node.output_values) > 1,
+                     torch.bool, ort_scaled_grad=has_ratio and reproduce_ort_gradients())
     return result(module, node, inputs)
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ..gradient_quirks import ort_gradient, reproduce_ort_gradients
 from ..registry import register
-from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, result
+from ._common import OnnxGraph, OnnxModule, OnnxNode, constants_or_fed, result
 
 
 class Elementwise(OnnxModule):
@@ -182,13 +182,7 @@ def _clip_attributes(node: OnnxNode, graph: OnnxGraph):
 
 @register("Clip", 11, 12, 13)
 def _clip_inputs(node: OnnxNode, graph: OnnxGraph):
-    low, high = constant_or_none(node, graph, 1), constant_or_none(node, graph, 2)
-    inputs = [node.input_values[0]]
-    for position, value in ((1, low), (2, high)):
-        fed = position < len(node.input_values) and node.input_values[position] and value is None
-        inputs.append(node.input_values[position] if fed else "")
-    while inputs[-1] == "":
-        inputs.pop()
+    (low, high), inputs = constants_or_fed(node, graph, (1, 2))
     return result(Clip(low, high), node, inputs)
 
 

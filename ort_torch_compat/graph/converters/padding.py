@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..registry import register
-from ._common import OnnxGraph, OnnxModule, OnnxNode, constants_or_fed, result
+from ._common import OnnxGraph, OnnxModule, OnnxNode, constants_or_fed, result, scalar
 
 
 def _pad_axis(x: torch.Tensor, axis: int, begin: int, end: int, mode: str, value) -> torch.Tensor:
@@ -69,7 +69,7 @@ def _attributes(node: OnnxNode, graph: OnnxGraph):
 
 def _inputs(node: OnnxNode, graph: OnnxGraph):
     (pads, value, axes), inputs = constants_or_fed(node, graph, (1, 2, 3))
-    fill = 0.0 if value is None else (value[0] if isinstance(value, list) else value)
+    fill = scalar(value, 0.0)
     return result(Pad(node.attributes.get("mode", "constant"), pads, fill, axes), node, inputs)
 
 

@@ -69,12 +69,12 @@ def _string_concat(node: OnnxNode, graph: OnnxGraph):
 class StringSplit(OnnxModule):
     def __init__(self, delimiter, maxsplit, outputs: int):
         super().__init__()
-        self.delimiter, self.maxsplit, self.outputs = delimiter or None, maxsplit, outputs
+        self.delimiter, self.outputs = delimiter or None, outputs  # None: split on whitespace runs
+        self.maxsplit = -1 if maxsplit is None else maxsplit
 
     def forward(self, x):
         words = np.asarray(x).astype(np.str_)
-        parts = [w.split(self.delimiter, -1 if self.maxsplit is None else self.maxsplit) if self.delimiter
-                 else w.split(None, -1 if self.maxsplit is None else self.maxsplit) for w in words.reshape(-1)]
+        parts = [w.split(self.delimiter, self.maxsplit) for w in words.reshape(-1)]
         width = max((len(p) for p in parts), default=0)
         table = np.full((len(parts), width), "", dtype=object)
         for row, pieces in enumerate(parts):

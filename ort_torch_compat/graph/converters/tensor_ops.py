@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..registry import register
-from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, result
+from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, constants_or_fed, result
 
 
 class Split(OnnxModule):
@@ -119,10 +119,5 @@ def _slice_v1(node: OnnxNode, graph: OnnxGraph):
 
 @register("Slice", 10, 11, 13)
 def _slice(node: OnnxNode, graph: OnnxGraph):
-    values = [constant_or_none(node, graph, i) for i in range(1, 5)]
-    present = [i < len(node.input_values) and bool(node.input_values[i]) for i in range(1, 5)]
-    dynamic = [p and v is None for p, v in zip(present, values)]
-    inputs = [node.input_values[0]] + [node.input_values[i + 1] if dynamic[i] else "" for i in range(4)]
-    while inputs[-1] == "":
-        inputs.pop()
+    values, inputs = constants_or_fed(node, graph, range(1, 5))
     return result(Slice(*values), node, inputs)
