@@ -27,7 +27,8 @@ def _pad_axis(x: torch.Tensor, axis: int, begin: int, end: int, mode: str, value
         for count in (begin, end):
             shape = list(x.shape)
             shape[axis] = count
-            parts.append(torch.full(shape, 0, dtype=x.dtype, device=x.device) + value)
+            fill = torch.full(shape, 0, dtype=x.dtype, device=x.device) + value
+            parts.append(fill.to(x.dtype))  # a float fill value must not promote an integer input
         return torch.cat([parts[0], x, parts[1]], dim=axis)
     positions = torch.arange(-begin, size + end, device=x.device)
     if mode == "edge":
