@@ -21,6 +21,10 @@ def __getattr__(name):
         from .migrate import to_torch_module
 
         return to_torch_module
+    if name == "precompile":  # fill the compile cache ahead of time (ort_torch_compat.engine.precompile)
+        from .engine.precompile import precompile
+
+        return precompile
     if name == "CheckpointState":
         from .api.checkpoint_state import CheckpointState
 
@@ -29,4 +33,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_SESSION_EXPORTS) + ["CheckpointState", "to_torch_module"])
+    return sorted(list(globals()) + list(_SESSION_EXPORTS) + ["CheckpointState", "precompile", "to_torch_module"])

@@ -5,6 +5,7 @@
     ort-torch-compat to-torch CHECKPOINT OUT.{safetensors,pt} [--optimizer]
     ort-torch-compat from-torch STATE CHECKPOINT OUT [--drop-optimizer] [--allow-pickle]
     ort-torch-compat export ARTIFACTS_DIR OUT.onnx [--outputs NAME...]
+    ort-torch-compat compile ARTIFACTS_DIR --input NAME=SHAPE[:DTYPE] ...
 
 Exit status: 0 success, 2 usage error, 1 any other error (one line on stderr naming the
 file).  `run` exits with the script's own status.  Progress bars appear only when stderr
@@ -145,6 +146,41 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _input_shape(text: str):
+    """NAME=SHAPE[:DTYPE], SHAPE as 2x8 or 2,8 (a scalar: NAME=)."""
+    name, sep, rest = text.partition("=")
+    shape_text, _, dtype = rest.partition(":")
+    try:
+        if not name or not sep:
+            raise ValueError
+        shape = tuple(int(d) for d in shape_text.replace("x", ",").split(",") if d.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=SHAPE[:DTYPE] such as input=2x8:float32, got {text!r}") \
+            from None
+    return name, shape, dtype or None
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from .engine.precompile import precompile
+
+    directory = args.artifacts_dir
+    if not os.path.isdir(directory):
+        raise NotADirectoryError(f"artifacts directory '{directory}' does not exist or is not a directory")
+    shapes = {name: shape for name, shape, _ in args.input}
+    dtypes = {name: dtype for name, _, dtype in args.input if dtype}
+    result = precompile(os.path.join(directory, args.training_model), os.path.join(directory, args.checkpoint),
+                        shapes, dtypes)
+    if result.status == "compiled":
+        print(f"compiled the train step in {result.seconds:.1f} s: {result.directory}")
+    elif result.status == "cached":
+        print(f"already compiled: {result.directory}")
+    else:
+        print(f"{PROG} compile: {result.status}: {result.reason} (train steps of these shapes run eagerly)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # usage errors: exit status 2, as argparse does
         self.print_usage(sys.stderr)
@@ -193,6 +229,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--training-model", default=TRAINING_MODEL_FILE,
                    help=f"training model file name (default {TRAINING_MODEL_FILE})")
     p.set_defaults(func=_export, files=("artifacts_dir", "out"))
+
+    p = commands.add_parser("compile", help="compile the train step ahead of time into the compile cache")
+    p.add_argument("artifacts_dir", help="directory with the checkpoint and training model")
+    p.add_argument("--input", action="append", type=_input_shape, required=True, metavar="NAME=SHAPE[:DTYPE]",
+                   help="shape of a training-model input, e.g. input_ids=2x8 (repeat for each input; DTYPE "
+                        "where the model does not declare one)")
+    p.add_argument("--checkpoint", default=CHECKPOINT_FILE, help=f"checkpoint file name (default {CHECKPOINT_FILE})")
+    p.add_argument("--training-model", default=TRAINING_MODEL_FILE,
+                   help=f"training model file name (default {TRAINING_MODEL_FILE})")
+    p.set_defaults(func=_compile, files=("artifacts_dir",))
     return parser
 
 

@@ -21,7 +21,7 @@ import torch
 from torch import fx, nn
 
 from ort_torch_compat.api import CheckpointState
-from ort_torch_compat.engine import TrainingEngine, compiled
+from ort_torch_compat.engine import TrainingEngine, compile_cache, compile_worker, compiled
 from ort_torch_compat.graph.specialize import NotSpecializable, specialize
 from ort_torch_compat.legacy import SessionOptions
 from tests.conftest import FIXTURES, ROOT, load_spec
@@ -147,7 +147,7 @@ def _train(engine: TrainingEngine, spec: dict, steps: int) -> list:
 
 @pytest.mark.skipif(compiled.cxx_compiler() is None, reason="needs a C++ compiler")
 def test_compiled_step_matches_eager_and_loads_from_the_cache(monkeypatch):
-    monkeypatch.setenv(compiled.CACHE_ENV, str(TEST_CACHE))
+    monkeypatch.setenv(compile_cache.CACHE_ENV, str(TEST_CACHE))
     monkeypatch.setattr(compiled, "_FASTER", float("inf"))  # "auto" uses it even where it is not faster
     config = "cnn_ce_adamw_op17"  # BatchNorm: in-place running statistics through the compiled step
     eager, spec = _engine(config, **{compiled.CONFIG_KEY: "off"})
@@ -170,7 +170,7 @@ def test_compiled_step_matches_eager_and_loads_from_the_cache(monkeypatch):
 
 
 def test_without_a_compiler_steps_run_eagerly_with_one_warning(monkeypatch, tmp_path):
-    monkeypatch.setenv(compiled.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(compile_cache.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(compiled, "cxx_compiler", lambda: None)
     monkeypatch.setattr(compiled, "_reported", set())
     eager, spec = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "off"})
@@ -184,8 +184,39 @@ def test_without_a_compiler_steps_run_eagerly_with_one_warning(monkeypatch, tmp_
             assert torch.equal(a, e)
 
 
-def test_a_refused_graph_is_remembered(monkeypatch, tmp_path):
-    monkeypatch.setenv(compiled.CACHE_ENV, str(tmp_path))
+class _InlineWorker:
+    """The compile worker's job run in this process (so monkeypatches reach it); `done()`
+    answers False `pending` times first, as a worker that is still compiling would."""
+
+    pending = 0
+    started: list = []
+
+    def __init__(self, recipe, tensors, key, root, background):
+        _InlineWorker.started.append(background)
+        self._polls = _InlineWorker.pending
+        self._result = compiled.build_entry(recipe.build(), tensors, key, root)
+
+    def done(self):
+        self._polls -= 1
+        return self._polls < 0
+
+    def wait(self):
+        return self._result
+
+    def result(self):
+        return self._result
+
+
+@pytest.fixture
+def inline_worker(monkeypatch):
+    monkeypatch.setattr(compile_worker, "start", _InlineWorker)
+    monkeypatch.setattr(_InlineWorker, "started", [])
+    monkeypatch.setattr(_InlineWorker, "pending", 0)
+    return _InlineWorker
+
+
+def test_a_refused_graph_is_remembered(monkeypatch, tmp_path, inline_worker):
+    monkeypatch.setenv(compile_cache.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(compiled, "_reported", set())
     monkeypatch.setattr(compiled, "cxx_compiler", lambda: "c++")
 
@@ -219,23 +250,31 @@ def test_cache_key_follows_shapes_and_graph_not_parameter_values():
     np.testing.assert_equal(len(key), 32)
 
 
-def test_auto_compiles_only_after_enough_eager_training(monkeypatch, tmp_path):
-    monkeypatch.setenv(compiled.CACHE_ENV, str(tmp_path))
+def test_auto_compiles_in_the_background_from_the_first_step(monkeypatch, tmp_path, inline_worker):
+    """"auto" starts the worker at the first step (in the background) and trains eagerly
+    until it is done; "on" waits for it; a failed compile leaves eager steps and one warning."""
+    monkeypatch.setenv(compile_cache.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(compiled, "_reported", set())
     monkeypatch.setattr(compiled, "cxx_compiler", lambda: "c++")
-    attempts = []
 
-    def refuse(module, tensors):
-        attempts.append(1)
-        raise NotSpecializable("refused (test)")
+    def failing_compile(spec, tensors, directory):
+        raise OSError("compiler crashed (test)")
 
-    monkeypatch.setattr("ort_torch_compat.graph.specialize.specialize", refuse)
-    monkeypatch.setenv(compiled.AFTER_ENV, "1e9")
+    monkeypatch.setattr(compiled, "_compile", failing_compile)
+    inline_worker.pending = 2
     engine, spec = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "auto"})
-    _train(engine, spec, 3)
-    assert attempts == [] and engine.train_runner.path == "eager"
-    monkeypatch.setenv(compiled.AFTER_ENV, "0")
-    engine, spec = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "auto"})
-    with pytest.warns(compiled.CompileWarning, match="refused"):
-        _train(engine, spec, 3)
-    assert attempts == [1]
+    states = []
+    with pytest.warns(compiled.CompileWarning, match="compiler crashed") as caught:
+        for step in range(1, 6):
+            engine.train_step(_feeds(engine, spec, step))
+            states.append(engine.train_runner._state)
+    assert inline_worker.started == [True]  # one worker, started in the background at the first step
+    assert states == ["compiling", "compiling", "compiling", "eager", "eager"]
+    assert len([w for w in caught if issubclass(w.category, compiled.CompileWarning)]) == 1
+    assert not list(pathlib.Path(tmp_path).glob("compiled/*"))  # a failure caches nothing: retried next run
+
+    monkeypatch.setattr(compiled, "_reported", set())
+    engine, spec = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "on"})
+    with pytest.warns(compiled.CompileWarning, match="compiler crashed"):
+        _train(engine, spec, 1)
+    assert inline_worker.started == [True, False]  # "on" waits in the foreground

@@ -21,11 +21,12 @@ are timed: the compiled step is used only where it is faster (convolution-heavy 
 such as ResNet-18 gain nothing: their time is in the same oneDNN kernels either way).
 
 When (session options config entry "ort_torch_compat.compile" or ORT_TORCH_COMPAT_COMPILE):
-"off"; "on" (compile at the first train step); "auto", the default: use a cached
-compilation from the first step on, otherwise train eagerly and compile once the eager
-train steps have taken 60 s (ORT_TORCH_COMPAT_COMPILE_AFTER), so short runs never wait
-for a compiler and long ones pay it once.  Only CPU training steps are compiled; other
-shapes than the first batch's, eval steps and CUDA run eagerly.
+"off"; "on" (compile at the first train step, which waits for it); "auto", the default: use
+a cached compilation from the first step on, otherwise start compiling at the first step in
+a background process (compile_worker.py) while the steps run eagerly, and switch to the
+compiled step between two steps once it is ready, checked and faster.  Ahead of time,
+`precompile.py` (`ort-torch-compat compile`) fills the cache.  Only CPU training steps are
+compiled; other shapes than the first batch's, eval steps and CUDA run eagerly.
 """
 from __future__ import annotations
 
@@ -33,13 +34,11 @@ import base64
 import functools
 import hashlib
 import inspect
-import json
 import logging
 import os
 import pathlib
 import re
 import shutil
-import tempfile
 import time
 import warnings
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
@@ -47,19 +46,19 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import fx
 
+from . import compile_cache, compile_worker
+from .compile_cache import cache_root
+
 if TYPE_CHECKING:
     from ..graph.specialize import SpecializedGraph
+    from .graph_module import ModuleRecipe
 
 
 COMPILE_ENV = "ORT_TORCH_COMPAT_COMPILE"
 CONFIG_KEY = "ort_torch_compat.compile"  # session options config entry (add_session_config_entry)
-CACHE_ENV = "ORT_TORCH_COMPAT_CACHE_DIR"
-AFTER_ENV = "ORT_TORCH_COMPAT_COMPILE_AFTER"
 SETTINGS = ("off", "on", "auto")
 _ALIASES = {"0": "off", "false": "off", "no": "off", "1": "on", "true": "on", "yes": "on"}
 _FORMAT = 4  # bump when what is cached changes meaning
-_AUTO_AFTER_S = 60.0  # "auto" compiles after this much eager training time (compiling takes 0.5-10 min)
-_BACKWARD_FACTOR = 3.0  # a forward+backward step costs about three forward passes
 _CHECK_RTOL, _CHECK_ATOL, _CHECK_GRAD_RTOL = 1e-3, 1e-5, 0.05
 _TIMED_ROUNDS = 5  # eager/compiled step pairs timed after a cold compile
 _FASTER = 0.95  # the compiled step is used when it takes at most this share of the eager step's time
@@ -88,14 +87,6 @@ def compile_setting(session_options: object = None) -> str:
     if value not in SETTINGS:
         raise ValueError(f"compile setting must be one of {SETTINGS} (or 0/1), got {raw!r}")
     return value
-
-
-def cache_root() -> pathlib.Path:
-    """ORT_TORCH_COMPAT_CACHE_DIR, else $XDG_CACHE_HOME/ort_torch_compat, else ~/.cache/ort_torch_compat."""
-    if os.environ.get(CACHE_ENV):
-        return pathlib.Path(os.environ[CACHE_ENV]) / "compiled"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "ort_torch_compat" / "compiled"
 
 
 def cxx_compiler() -> Optional[str]:
@@ -386,36 +377,37 @@ def _decode_tensor(record: Dict) -> torch.Tensor:
     return flat.view(getattr(torch, record["dtype"])).reshape(record["shape"])
 
 
-def _read_meta(directory: pathlib.Path) -> Optional[Dict]:
-    try:
-        return json.loads((directory / "meta.json").read_text())
-    except (OSError, ValueError):
-        return None
+def build_entry(module: fx.GraphModule, tensors: Sequence[torch.Tensor], key: str, root: pathlib.Path) -> Dict:
+    """Specialize, compile, check and time `module` for `tensors` and publish the entry
+    root/key (a refusal is published too, so later runs do not trace again).
+    {"status": "compiled" | "refused" | "failed", "reason": ..., "seconds": ...}."""
+    from ..graph.specialize import NotSpecializable, lifted_constants, specialize
 
-
-def _publish(root: pathlib.Path, key: str, build) -> pathlib.Path:
-    """Run `build(tmp_dir) -> meta` and move the result to root/key atomically (a concurrent
-    process that got there first wins; its result is the same)."""
-    root.mkdir(parents=True, exist_ok=True)
-    scratch = pathlib.Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
+    begin = time.perf_counter()
     try:
-        meta = build(scratch)
-        (scratch / "meta.json").write_text(json.dumps(meta))
+        spec = specialize(module, tensors)
+
+        def build(scratch: pathlib.Path) -> Dict:
+            meta = _compile(spec, tensors, scratch)
+            trace_constants = spec.constants[len(lifted_constants(module)):]
+            meta["trace_constants"] = [_encode_tensor(constant) for constant in trace_constants]
+            step = CompiledTrainStep(scratch, meta, spec.constants)
+            _self_check(step, module, tensors)
+            meta["eager_ms"], meta["compiled_ms"] = _step_times(step, module, tensors)
+            return meta
+
+        compile_cache.publish(root, key, build)
+    except NotSpecializable as error:
+        reason = str(error)
         try:
-            os.rename(scratch, root / key)
+            compile_cache.publish(root, key, lambda scratch: {"refused": reason})
         except OSError:
-            if _read_meta(root / key) is None:
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return root / key
-
-
-def _auto_after_seconds() -> float:
-    try:
-        return float(os.environ.get(AFTER_ENV, _AUTO_AFTER_S))
-    except ValueError:
-        raise ValueError(f"{AFTER_ENV} must be a number of seconds, got {os.environ[AFTER_ENV]!r}") from None
+            pass
+        return {"status": "refused", "reason": reason}
+    except Exception as error:  # noqa: BLE001  (compiler or toolchain failure: the caller trains eagerly)
+        first_line = str(error).splitlines()[0][:300] if str(error) else ""
+        return {"status": "failed", "reason": f"compilation failed ({type(error).__name__}: {first_line})"}
+    return {"status": "compiled", "seconds": time.perf_counter() - begin}
 
 
 # ---- policy -------------------------------------------------------------------------------
@@ -432,18 +424,21 @@ def _report(label: str, reason: str) -> None:
 class TrainStepRunner:
     """Calls the converted train module, or its compiled form when the setting and the cache allow.
 
-    `runner(*feeds, *params)` returns what `module(*feeds, *params)` returns."""
+    `runner(*feeds, *params)` returns what `module(*feeds, *params)` returns.  `recipe`
+    rebuilds the module in the compile worker's process."""
 
-    def __init__(self, module: fx.GraphModule, label: str, device: torch.device, session_options: object = None):
+    def __init__(self, module: fx.GraphModule, recipe: "ModuleRecipe", device: torch.device,
+                 session_options: object = None):
         self.module = module
-        self.label = label
+        self.recipe = recipe
+        self.label = recipe.label
         self.setting = compile_setting(session_options)
         self.compiled: Optional[CompiledTrainStep] = None
         self.compile_seconds: Optional[float] = None  # cold compile time, when this process compiled
         self._signature: Optional[Tuple] = None
         self._state = "eager" if self.setting == "off" or device.type != "cpu" else "first"
-        self._eager_seconds = 0.0
-        self._budget = float("inf")
+        self._worker: Optional[compile_worker.CompileWorker] = None
+        self._started = 0.0
         self._key = ""
 
     @property
@@ -456,17 +451,11 @@ class TrainStepRunner:
             return self.compiled(tensors)
         if self._state == "first":
             self._first(tensors)
-            if self._state == "compiled":
-                return self.compiled(tensors)
-        if self._state != "waiting":
-            return self.module(*tensors)
-        begin = time.perf_counter()
-        outputs = self.module(*tensors)
-        if _signature(tensors) == self._signature:
-            self._eager_seconds += _BACKWARD_FACTOR * (time.perf_counter() - begin)
-            if self._eager_seconds >= self._budget:
-                self._compile(tensors)
-        return outputs
+        elif self._state == "compiling" and self._worker.done():
+            self._finish()  # between two steps: nothing of the eager steps is still in flight
+        if self._state == "compiled" and _signature(tensors) == self._signature:
+            return self.compiled(tensors)
+        return self.module(*tensors)
 
     def _first(self, tensors: Sequence[torch.Tensor]) -> None:
         self._signature = _signature(tensors)
@@ -477,18 +466,50 @@ class TrainStepRunner:
             _report(self.label, f"cannot key the compile cache ({type(error).__name__}: {error})")
             return
         directory = cache_root() / self._key
-        meta = _read_meta(directory)
+        meta = compile_cache.read_meta(directory)
         if meta is not None and "refused" in meta:
             _report(self.label, meta["refused"])
         elif meta is not None:
-            self._load(directory, meta, tensors)
-        elif self.setting == "on":
-            self._compile(tensors)
+            self._load(directory, meta)
         else:
-            self._state = "waiting"
-            self._budget = _auto_after_seconds()
+            self._start(tensors)
 
-    def _load(self, directory: pathlib.Path, meta: Dict, tensors: Sequence[torch.Tensor]) -> None:
+    def _start(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Compile in a child process: in the background under "auto", waited for under "on"."""
+        if cxx_compiler() is None:
+            _report(self.label, "no C++ compiler found (g++, c++ or clang++; or set CXX)")
+            return
+        root = cache_root()
+        log.info("%s: compiling the train step (cached in %s)", self.label, root)
+        self._started = time.perf_counter()
+        try:
+            self._worker = compile_worker.start(self.recipe, tensors, self._key, root,
+                                                background=self.setting == "auto")
+        except (OSError, ValueError, TypeError, AttributeError, RuntimeError) as error:  # pickling, spawning
+            _report(self.label, f"cannot start the compile worker ({type(error).__name__}: {error})")
+            return
+        self._state = "compiling"
+        if self.setting == "on":
+            self._worker.wait()
+            self._finish()
+
+    def _finish(self) -> None:
+        """Take the finished worker's result: load the entry, or say why there is none."""
+        result, self._worker = self._worker.result(), None
+        self._state = "eager"
+        if result.get("status") != "compiled":
+            _report(self.label, str(result.get("reason", "compilation failed")))
+            return
+        self.compile_seconds = time.perf_counter() - self._started
+        log.info("%s: compiled in %.1f s", self.label, self.compile_seconds)
+        directory = cache_root() / self._key
+        meta = compile_cache.read_meta(directory)
+        if meta is None or "refused" in meta:
+            _report(self.label, f"the compiled step vanished from {directory}")
+            return
+        self._load(directory, meta)
+
+    def _load(self, directory: pathlib.Path, meta: Dict) -> None:
         from ..graph.specialize import lifted_constants
 
         if self.setting == "auto" and meta["compiled_ms"] > _FASTER * meta["eager_ms"]:
@@ -503,45 +524,3 @@ class TrainStepRunner:
         except Exception as error:  # noqa: BLE001
             _report(self.label, f"cannot load the compiled step from {directory} ({type(error).__name__}: {error})")
             self._state = "eager"
-
-    def _compile(self, tensors: Sequence[torch.Tensor]) -> None:
-        self._state = "eager"
-        if cxx_compiler() is None:
-            _report(self.label, "no C++ compiler found (g++, c++ or clang++; or set CXX)")
-            return
-        from ..graph.specialize import NotSpecializable, lifted_constants, specialize
-
-        root = cache_root()
-        begin = time.perf_counter()
-        log.info("%s: compiling the train step (cached in %s)", self.label, root)
-        try:
-            spec = specialize(self.module, tensors)
-
-            def build(scratch: pathlib.Path) -> Dict:
-                meta = _compile(spec, tensors, scratch)
-                trace_constants = spec.constants[len(lifted_constants(self.module)):]
-                meta["trace_constants"] = [_encode_tensor(constant) for constant in trace_constants]
-                step = CompiledTrainStep(scratch, meta, spec.constants)
-                _self_check(step, self.module, tensors)
-                meta["eager_ms"], meta["compiled_ms"] = _step_times(step, self.module, tensors)
-                return meta
-
-            directory = _publish(root, self._key, build)
-        except NotSpecializable as error:
-            self._refuse(root, str(error))
-            return
-        except Exception as error:  # noqa: BLE001  (compiler or toolchain failure: eager, say why)
-            _report(self.label, f"compilation failed ({type(error).__name__}: {str(error).splitlines()[0][:300]})")
-            return
-        self.compile_seconds = time.perf_counter() - begin
-        log.info("%s: compiled in %.1f s", self.label, self.compile_seconds)
-        self._load(directory, _read_meta(directory), tensors)
-
-    def _refuse(self, root: pathlib.Path, reason: str) -> None:
-        """Remember that this graph cannot be compiled, so later runs do not trace it again."""
-        _report(self.label, reason)
-        try:
-            _publish(root, self._key, lambda scratch: {"refused": reason})
-        except OSError:
-            pass
-

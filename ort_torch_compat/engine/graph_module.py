@@ -7,6 +7,7 @@ builds its graphs here, so they convert the same way.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import torch
@@ -35,6 +36,27 @@ def build_module(model: "onnx.ModelProto", io: GraphIO, label: str, fed_names: O
     input_names = list(names(io.user_inputs) if fed_names is None else fed_names) + io.param_names()
     graph = detach_unowned_running_stats(forward_graph(model, io.outputs, input_names, label), buffers)
     return build_graph_module(graph, opset_map(model), input_names, io.outputs, label, gradients, training)
+
+
+@dataclass(frozen=True)
+class ModuleRecipe:
+    """`build_module`'s arguments, kept so that another process (the compile worker, see
+    `compile_worker.py`) can build the same module: everything here pickles (the ONNX model,
+    names, flags), whereas a converted module holds closures that do not."""
+
+    model: "onnx.ModelProto"
+    io: GraphIO
+    label: str
+    fed_names: Optional[Sequence[str]] = None
+    gradients: str = "ort"
+    training: bool = False
+    buffers: Sequence[str] = field(default_factory=tuple)
+
+    def build(self) -> torch.nn.Module:
+        """The module, in training or eval mode as the recipe says (on the CPU)."""
+        module = build_module(self.model, self.io, self.label, self.fed_names, self.gradients, self.training,
+                              self.buffers)
+        return module.train(self.training)
 
 
 def frozen_parameters(io: GraphIO, state: TrainingState) -> List[str]:

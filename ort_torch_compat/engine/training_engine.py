@@ -14,7 +14,7 @@ import torch
 
 from ..errors import InvalidInputError, ModelLoadError, NominalStateError
 from .device import parse_device
-from .graph_module import build_module, frozen_parameters
+from .graph_module import ModuleRecipe, build_module, frozen_parameters
 from .compiled import TrainStepRunner
 from .host_allocator import tune_host_allocator
 from .io_spec import BatchCheck, StepInput, check_inputs, names
@@ -86,10 +86,11 @@ class TrainingEngine:
         self._train_batch = BatchCheck(train_proto, names(self.train_io.user_inputs))
         shapes = check_parameter_types(self.train_io, state, self.train_label)
         self.train_strings = StringCasts(train_proto, self.train_io.user_inputs, self.train_label)
-        self.train_module = build_module(self.train_strings.model, self.train_io, self.train_label,
-                                         self.train_strings.fed_names, gradients, training=True,
-                                         buffers=frozen_parameters(self.train_io, state)).to(self.device).train()
-        self.train_runner = TrainStepRunner(self.train_module, self.train_label, self.device, session_options)
+        train_recipe = ModuleRecipe(self.train_strings.model, self.train_io, self.train_label,
+                                    self.train_strings.fed_names, gradients, training=True,
+                                    buffers=tuple(frozen_parameters(self.train_io, state)))
+        self.train_module = train_recipe.build().to(self.device)
+        self.train_runner = TrainStepRunner(self.train_module, train_recipe, self.device, session_options)
 
         self.eval_source = eval_model
         self.eval_io: Optional[GraphIO] = None
@@ -133,6 +134,12 @@ class TrainingEngine:
             raise InvalidInputError(
                 f"input '{name}' on {tensor.device} cannot be copied to the module's device {self.device}: {error}"
             ) from error
+
+    def train_tensors(self, inputs: Sequence[StepInput]) -> List[torch.Tensor]:
+        """What a train step with `inputs` feeds the train module (and its compiled form): the
+        checked user feeds, then the parameters."""
+        return self._feeds(inputs, self.train_io, self._train_batch, self.train_strings, "train step") + \
+            self._train_params
 
     @threaded(lambda engine: engine.threads, measure=lambda engine: engine.train_runner.path)
     def train_step(self, inputs: Sequence[StepInput]) -> List[torch.Tensor]:

@@ -1,0 +1,181 @@
+"""Compiling a train step in a child process, while training goes on.
+
+Why a process: compiling (tracing, AOTAutograd, TorchInductor's code generation, then a C++
+compiler) takes 15 s to minutes of mostly-Python work.  A thread would hold the GIL for most
+of it and stretch every train step by up to the interpreter's switch interval; a child
+process only shares the cores (it runs at a lower priority: `nice` 10).
+
+The parent sends the child, through its stdin, a pickle it made itself (never one read from
+a file): the `ModuleRecipe` of the train module (the ONNX model and build flags, because a
+converted module holds closures that do not pickle), the example tensors of the first batch
+and the cache key.  The child rebuilds the module, checks that it hashes to the same key
+(the same graph), then specializes, compiles, checks and times it (`compiled.build_entry`)
+and publishes the entry atomically (`compile_cache.publish`).  It answers with one JSON line
+on stdout.  The parent polls it between train steps (`CompileWorker.done`, one `waitpid`).
+
+Nothing outlives the parent: the child leads its own process group (the C++ compiler runs
+in it), the parent kills that group and removes the child's scratch directory at exit
+(`atexit`), and the child watches its stdin: end of file means the parent is gone (even
+killed with SIGKILL), and it removes its scratch directory and kills its group.  Scratch
+directories left by a machine crash are removed by the next compile (`compile_cache`).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import pathlib
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+
+from . import compile_cache
+
+if TYPE_CHECKING:
+    import torch
+
+    from .graph_module import ModuleRecipe
+
+_BACKGROUND_NICE = 10  # below the training process, which keeps its cores
+_live: Dict[str, "CompileWorker"] = {}  # cache key -> worker: engines of one graph share one compile
+
+
+class CompileWorker:
+    """One child process compiling one graph for one input signature into the cache."""
+
+    def __init__(self, recipe: "ModuleRecipe", tensors: Sequence["torch.Tensor"], key: str, root: pathlib.Path,
+                 background: bool):
+        self.key = key
+        self.root = root
+        job = {"recipe": recipe, "key": key, "root": str(root), "nice": _BACKGROUND_NICE if background else 0,
+               "tensors": [t.detach().to("cpu").clone().requires_grad_(t.requires_grad) for t in tensors]}
+        payload = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+        package_root = str(pathlib.Path(__file__).resolve().parents[2])  # a source checkout works too
+        environment = dict(os.environ)
+        environment["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, environment.get("PYTHONPATH")) if p)
+        environment["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # no pool of compiler subprocesses
+        self._stderr = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ort_torch_compat.engine.compile_worker"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._stderr, env=environment, start_new_session=True)
+        self._result: Optional[Dict] = None
+        # Writing blocks until the child has imported torch and reads: a thread does it (it
+        # holds no GIL while blocked).  stdin then stays open: its end tells the child we are gone.
+        self._writer = threading.Thread(target=self._send, args=(payload,), daemon=True,
+                                        name="ort_torch_compat compile job")
+        self._writer.start()
+
+    def _send(self, payload: bytes) -> None:
+        try:
+            self.process.stdin.write(payload)
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass  # the child died first: its exit status and stderr say why
+
+    def done(self) -> bool:
+        """Whether the child has finished (cheap: one waitpid)."""
+        return self._result is not None or self.process.poll() is not None
+
+    def wait(self) -> Dict:
+        """Block until the child has finished; its result (see `result`)."""
+        self.process.wait()
+        return self.result()
+
+    def result(self) -> Dict:
+        """{"status": "compiled" | "refused" | "failed", "reason": ...} of a finished child."""
+        if self._result is None:
+            self._writer.join(timeout=5)
+            output = self.process.stdout.read().decode("utf-8", "replace").strip().splitlines()
+            try:
+                self._result = json.loads(output[-1])
+            except (IndexError, ValueError):
+                self._stderr.seek(0)
+                tail = self._stderr.read().decode("utf-8", "replace").strip().splitlines()[-3:]
+                self._result = {"status": "failed", "reason": f"the compile worker exited with status "
+                                f"{self.process.returncode}: {' / '.join(tail)[-300:] or 'no message'}"}
+            self._close()
+        return self._result
+
+    def stop(self) -> None:
+        """Kill the child and its compiler processes; remove what it left in the cache root."""
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.process.wait()
+        compile_cache.remove_scratch_of(self.root, self.key, self.process.pid)
+        self._close()
+
+    def _close(self) -> None:
+        _live.pop(self.key, None)
+        for stream in (self.process.stdin, self.process.stdout, self._stderr):
+            try:
+                stream.close()
+            except (OSError, ValueError):
+                pass
+
+
+def start(recipe: "ModuleRecipe", tensors: Sequence["torch.Tensor"], key: str, root: pathlib.Path,
+          background: bool) -> CompileWorker:
+    """The worker compiling `key` (one already running in this process is shared)."""
+    if key not in _live:
+        _live[key] = CompileWorker(recipe, tensors, key, root, background)
+    return _live[key]
+
+
+@atexit.register
+def _stop_all() -> None:
+    for worker in list(_live.values()):
+        worker.stop()
+
+
+# ---- the child ----------------------------------------------------------------------------
+def _watch_parent(root: pathlib.Path, key: str) -> None:
+    """Block on stdin; at its end (the parent exited or was killed) clean up and end the group."""
+    try:
+        while sys.stdin.buffer.read(65536):
+            pass
+    except OSError:
+        pass
+    compile_cache.remove_scratch_of(root, key, os.getpid())
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def _child() -> Dict:
+    job = pickle.load(sys.stdin.buffer)  # sent by our parent through a pipe, never read from a file
+    root, key = pathlib.Path(job["root"]), job["key"]
+    threading.Thread(target=_watch_parent, args=(root, key), daemon=True).start()
+    if job["nice"]:
+        os.nice(job["nice"])
+    import torch
+
+    from . import compiled
+
+    torch.set_num_threads(1)
+    tensors: List[torch.Tensor] = job["tensors"]
+    module = job["recipe"].build()
+    rebuilt_key = compiled.graph_key(module, tensors)
+    if rebuilt_key != key:
+        return {"status": "failed", "reason": f"the compile worker built another graph (key {rebuilt_key}, "
+                f"expected {key}): the library's files changed while training ran?"}
+    return compiled.build_entry(module, tensors, key, root)
+
+
+def main() -> int:
+    """Entry point of `python -m ort_torch_compat.engine.compile_worker` (started by `CompileWorker`)."""
+    try:
+        result = _child()
+    except Exception as error:  # noqa: BLE001  (reported to the parent, which trains on eagerly)
+        result = {"status": "failed", "reason": f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"}
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
