@@ -1,10 +1,14 @@
 """Step-time benchmark: onnxruntime-training 1.19.2 vs ort_torch_compat vs eager PyTorch.
 
     python scripts/benchmark.py [--models mlp cnn ... | --models all] [--background 0 2]
-        [--rounds 5] [--steps 30] [--warmup 10] [--threads N] [--device cpu|cuda]
-        [--json out.json]
+        [--size bench|tiny] [--rounds 5] [--steps 30] [--warmup 10] [--threads N]
+        [--device cpu|cuda] [--fresh-seconds 120] [--json out.json]
     python scripts/benchmark.py --table out.json
     python scripts/measure_readme_figures.py --write --skip-quick --benchmark-json out.json   # README's table
+
+Sizes (`--size`): "bench" (the default) and "tiny", on-device sizes: the real
+architectures at the size of their test suite (batch 2-4, sequence 8, images 64; the
+hand-made models at batch 4).
 
 Models: `mlp`, `cnn`, `transformer` (hand-made, below) and the real architectures of
 scripts/real_arch_models.py at their "bench" size (`mobilenet_v2` with a frozen backbone,
@@ -26,6 +30,12 @@ step (for ours: loads the compiled step from the cache), the library's import ti
 extra process per model compiles our train step into the benchmark's own cache
 (`--work`/cache, reported as "compile s", the cold compile time), so the rounds measure a
 warm start, as every run after the first one is.
+
+First seconds (`--fresh-seconds S`, ORT and ours only): per round, a fresh process per
+backend runs the training loop with default settings and an empty compile cache until S
+seconds after the process was started (interpreter start, imports and setup counted);
+reported: steps completed, the median and the longest step after the first, and for ours
+the step at which the compiled step took over (the compiler runs in the background).
 """
 from __future__ import annotations
 
@@ -34,6 +44,7 @@ import json
 import os
 import pathlib
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -45,10 +56,12 @@ BACKENDS = ("ort", "ours", "eager")
 HAND_MADE = ("mlp", "cnn", "transformer")
 ZOO_DEFAULT = ("mobilenet_v2", "resnet18", "bert", "gpt2", "vit", "lstm", "lora")
 MAX_IR_VERSION = 10
+SIZES = ("bench", "tiny")
+_RECIPE_SIZE = {"bench": "bench", "tiny": "test"}  # tiny: the real-architecture suite's sizes
 
 
 # ---- models -------------------------------------------------------------------------------
-def _hand_made(name: str):
+def _hand_made(name: str, size: str = "bench"):
     """(model, {input name: tensor}, classes); parameters get a little noise so no two are
     equal: the ONNX exporter would merge identical initializers (e.g. the deep-copied layers
     of a TransformerEncoder) into one tied weight, and ORT would then train another model."""
@@ -58,14 +71,14 @@ def _hand_made(name: str):
     if name == "mlp":
         model = torch.nn.Sequential(torch.nn.Linear(784, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
                                     torch.nn.ReLU(), torch.nn.Linear(1024, 10))
-        example = torch.randn(128, 784)
+        example = torch.randn(128 if size == "bench" else 4, 784)
     elif name == "cnn":
         model = torch.nn.Sequential(
             torch.nn.Conv2d(3, 32, 3, padding=1, bias=False), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
             torch.nn.MaxPool2d(2),
             torch.nn.Conv2d(32, 64, 3, padding=1, bias=False), torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
             torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(64 * 8 * 8, 10))
-        example = torch.randn(32, 3, 32, 32)
+        example = torch.randn(32 if size == "bench" else 4, 3, 32, 32)
     elif name == "transformer":
         class Encoder(torch.nn.Module):
             def __init__(self):
@@ -77,7 +90,7 @@ def _hand_made(name: str):
             def forward(self, x):
                 return self.head(self.encoder(x).mean(dim=1))
 
-        model, example = Encoder(), torch.randn(16, 64, 256)
+        model, example = Encoder(), torch.randn(*((16, 64) if size == "bench" else (4, 16)), 256)
     else:
         raise ValueError(name)
     with torch.no_grad():
@@ -90,15 +103,16 @@ def _hand_made(name: str):
 class Workload:
     """A benchmark model: the torch model (eager), its inputs and how to make artifacts."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, size: str = "bench"):
         self.name = name
+        self.size = size
         if name in HAND_MADE:
-            self.model, self.inputs, self.classes = _hand_made(name)
+            self.model, self.inputs, self.classes = _hand_made(name, size)
             self.frozen = lambda param: False
         else:
             import real_arch_models as zoo
 
-            built = zoo.RECIPES[name].build("bench")
+            built = zoo.RECIPES[name].build(_RECIPE_SIZE[size])
             if built.loss != "ce":
                 raise ValueError(f"{name}: the benchmark times CrossEntropy models, this one uses {built.loss}")
             self.model, self.classes, self.frozen = built.model, built.classes, built.frozen
@@ -111,7 +125,8 @@ class Workload:
         else:
             import real_arch_artifacts
 
-            real_arch_artifacts.make_artifacts(self.name, directory, real_arch_artifacts.Variant(opset=17), size="bench")
+            real_arch_artifacts.make_artifacts(self.name, directory, real_arch_artifacts.Variant(opset=17),
+                                               size=_RECIPE_SIZE[self.size])
 
     def labels(self, directory: pathlib.Path):
         """Seeded labels shaped like the training model's `labels` input."""
@@ -151,7 +166,7 @@ def _hand_made_artifacts(work: Workload, directory: pathlib.Path) -> None:
 
 # ---- one measurement (child process) --------------------------------------------------------
 def measure(backend: str, name: str, directory: pathlib.Path, steps: int, warmup: int, device: str,
-            threads: int) -> dict:
+            threads: int, size: str = "bench") -> dict:
     import numpy as np
     import torch
 
@@ -159,7 +174,7 @@ def measure(backend: str, name: str, directory: pathlib.Path, steps: int, warmup
         torch.set_num_threads(threads)
     # Only the eager backend builds the torch model (transformers and torchvision are not
     # imported by the others: they would count in their memory); all read the same inputs.
-    work = Workload(name) if backend == "eager" else None
+    work = Workload(name, size) if backend == "eager" else None
     with np.load(directory / "inputs.npz") as saved:
         feeds = {key: saved[key] for key in saved.files}
     begin_import = time.perf_counter()
@@ -225,6 +240,41 @@ def measure(backend: str, name: str, directory: pathlib.Path, steps: int, warmup
             "peak_rss_mb": _peak_rss_mb(), **extra}
 
 
+def measure_window(backend: str, directory: pathlib.Path, started: float, seconds: float) -> dict:
+    """The training loop of a fresh process with default settings until `seconds` after
+    `started` (the driver's clock when it started this process)."""
+    import numpy as np
+
+    if backend == "ort":
+        from onnxruntime.training import api
+    else:
+        import torch
+
+        from ort_torch_compat import api
+    with np.load(directory / "inputs.npz") as saved:
+        feeds = {key: saved[key] for key in saved.files}
+    state = api.CheckpointState.load_checkpoint(str(directory / "checkpoint"))
+    module = api.Module(str(directory / "training_model.onnx"), state)
+    optimizer = api.Optimizer(str(directory / "optimizer_model.onnx"), module)
+    values = [feeds[key] if backend == "ort" else torch.from_numpy(feeds[key]) for key in module.input_names()]
+    times, switch = [], None
+    deadline = started + seconds
+    first_at = time.time() - started
+    while True:
+        begin = time.perf_counter()
+        module(*values)
+        optimizer.step()
+        module.lazy_reset_grad()
+        times.append(time.perf_counter() - begin)
+        if switch is None and backend == "ours" and module._engine.train_runner.path == "compiled":
+            switch = len(times)
+        if time.time() >= deadline:
+            break
+    later = sorted(times[1:]) or [0.0]
+    return {"steps": len(times), "ready_s": first_at, "median_ms": 1000 * later[len(later) // 2],
+            "max_ms": 1000 * later[-1], "switch_step": switch}
+
+
 def _peak_rss_mb() -> float:
     """This process's peak resident memory: VmHWM (getrusage's ru_maxrss starts from the
     parent's peak, which is the driver's, since Linux keeps it across fork and exec)."""
@@ -241,10 +291,13 @@ def _peak_rss_mb() -> float:
 
 
 # ---- driver ---------------------------------------------------------------------------------
-def run_child(backend: str, name: str, directory: pathlib.Path, args, environment: dict, steps=None) -> dict:
+def run_child(backend: str, name: str, directory: pathlib.Path, args, environment: dict, steps=None,
+              window: bool = False) -> dict:
     command = [sys.executable, __file__, "--child", backend, name, str(directory),
                "--steps", str(steps if steps is not None else args.steps), "--warmup", str(args.warmup),
-               "--device", args.device, "--threads", str(args.threads)]
+               "--device", args.device, "--threads", str(args.threads), "--size", args.size]
+    if window:
+        command += ["--window-start", repr(time.time()), "--fresh-seconds", str(args.fresh_seconds)]
     out = subprocess.run(command, capture_output=True, text=True, timeout=3600, env=environment)
     if out.returncode != 0:
         lines = out.stderr.strip().splitlines()
@@ -321,6 +374,30 @@ def table(report: dict, markdown: bool = False) -> str:
     return "\n".join(lines)
 
 
+def fresh_table(report: dict, markdown: bool = False) -> str:
+    """The first-seconds axis: steps in the first S seconds of a fresh process, cold cache."""
+    columns = ["load", "model", "backend", f"steps in {report['fresh_seconds']:.0f} s", "vs ort", "ready s",
+               "median step ms", "longest step ms", "compiled from step"]
+    rows = []
+    for load, models in report["fresh_summary"].items():
+        for name, backends in models.items():
+            for backend, row in backends.items():
+                if "error" in row:
+                    rows.append([load, name, backend, "error: " + row["error"][:80]] + [""] * (len(columns) - 4))
+                    continue
+                ort = backends.get("ort", {})
+                rows.append([load, name, backend, f"{row['steps']:.0f}",
+                             f"{row['steps'] / ort['steps']:.2f}" if ort.get("steps") else "-",
+                             f"{row['ready_s']:.1f}", f"{row['median_ms']:.2f}", f"{row['max_ms']:.1f}",
+                             f"{row['switch_step']:.0f}" if row.get("switch_step") else "-"])
+    if markdown:
+        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+    widths = [max(len(str(c)) for c in [col] + [r[i] for r in rows]) for i, col in enumerate(columns)]
+    lines = ["  ".join(str(c).rjust(w) for c, w in zip(columns, widths))]
+    return "\n".join(lines + ["  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in rows])
+
+
 def conditions(report: dict) -> str:
     machine = report["machine"]
     return (f"{machine['cpus']} CPUs ({machine['processor'] or machine['platform']}), torch {machine['torch']}, "
@@ -340,6 +417,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads for every backend (0: defaults)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--size", choices=SIZES, default="bench")
+    parser.add_argument("--fresh-seconds", type=float, default=0,
+                        help="also run the first-seconds axis: steps in this many seconds of a fresh process")
+    parser.add_argument("--window-start", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=pathlib.Path, default=ROOT / "bench_out")
     parser.add_argument("--json", type=pathlib.Path, default=None)
     parser.add_argument("--table", type=pathlib.Path, default=None, help="print the table of a JSON report")
@@ -347,12 +428,17 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         backend, name, directory = args.child
+        if args.window_start is not None:
+            print(json.dumps(measure_window(backend, pathlib.Path(directory), args.window_start, args.fresh_seconds)))
+            return
         print(json.dumps(measure(backend, name, pathlib.Path(directory), args.steps, args.warmup, args.device,
-                                 args.threads)))
+                                 args.threads, args.size)))
         return
     if args.table:
         report = json.loads(args.table.read_text())
         print(conditions(report) + "\n" + table(report))
+        if "fresh_summary" in report:
+            print(fresh_table(report))
         return
     if args.models == ["all"]:
         import real_arch_models as zoo
@@ -362,10 +448,11 @@ def main() -> None:
 
     backends = [b for b in args.backends if not (b == "ort" and args.device != "cpu")]
     environment = dict(os.environ, ORT_TORCH_COMPAT_CACHE_DIR=str(args.work / "cache"))
+    work_dirs = {name: args.work / (name if args.size == "bench" else f"{name}-{args.size}") for name in args.models}
     for name in args.models:
-        directory = args.work / name
+        directory = work_dirs[name]
         if not (directory / "checkpoint").exists() or not (directory / "inputs.npz").exists():
-            work = Workload(name)
+            work = Workload(name, args.size)
             if not (directory / "checkpoint").exists():
                 work.make_artifacts(directory)
             feeds = {key: tensor.numpy() for key, tensor in work.inputs.items()}
@@ -373,26 +460,38 @@ def main() -> None:
     compile_report = {}
     if "ours" in backends:  # a cold compile per model: reported, and warms the cache for the rounds
         for name in args.models:
-            cold = run_child("ours", name, args.work / name, args, dict(environment, ORT_TORCH_COMPAT_COMPILE="on"),
+            cold = run_child("ours", name, work_dirs[name], args, dict(environment, ORT_TORCH_COMPAT_COMPILE="on"),
                              steps=1)
             compile_report[name] = {"compile_s": cold.get("compile_s"), "compiled": cold.get("compiled"),
                                     "error": cold.get("error")}
             print(f"{name}: cold compile {compile_report[name]}", file=sys.stderr)
     results: dict = {}
+    fresh: dict = {}
     for load in args.background:
         results[str(load)] = {m: {b: [] for b in backends} for m in args.models}
+        fresh[str(load)] = {m: {b: [] for b in backends if b != "eager"} for m in args.models}
         with Background(load):
             for round_index in range(args.rounds):
                 for name in args.models:
                     for backend in backends:
                         results[str(load)][name][backend].append(
-                            run_child(backend, name, args.work / name, args, environment))
+                            run_child(backend, name, work_dirs[name], args, environment))
+                    for backend in (fresh[str(load)][name] if args.fresh_seconds else ()):
+                        cold_cache = args.work / "cold_cache"
+                        shutil.rmtree(cold_cache, ignore_errors=True)
+                        fresh[str(load)][name][backend].append(run_child(
+                            backend, name, work_dirs[name], args,
+                            dict(environment, ORT_TORCH_COMPAT_CACHE_DIR=str(cold_cache)), window=True))
                 print(f"load {load}: round {round_index + 1}/{args.rounds} done", file=sys.stderr)
     machine = {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                "torch": _torch_version(), "threads": args.threads, "device": args.device}
-    report = {"machine": machine, "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup,
-              "compile": compile_report, "summary": summarize(results), "raw": results}
+    report = {"machine": machine, "size": args.size, "rounds": args.rounds, "steps": args.steps,
+              "warmup": args.warmup, "compile": compile_report, "summary": summarize(results), "raw": results}
+    if args.fresh_seconds:
+        report.update(fresh_seconds=args.fresh_seconds, fresh_summary=summarize(fresh), fresh_raw=fresh)
     print(conditions(report) + "\n" + table(report))
+    if args.fresh_seconds:
+        print(fresh_table(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 
