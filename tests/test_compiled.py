@@ -228,7 +228,7 @@ def test_a_refused_graph_is_remembered(monkeypatch, tmp_path, inline_worker):
     with pytest.warns(compiled.CompileWarning, match="random numbers"):
         _train(engine, spec, 1)
     metas = [json.loads(p.read_text()) for p in pathlib.Path(tmp_path).glob("compiled/*/meta.json")]
-    assert metas == [{"refused": "the graph draws random numbers (test)"}]
+    assert [meta["refused"] for meta in metas] == ["the graph draws random numbers (test)"]
 
     monkeypatch.setattr(compiled, "_reported", set())
     monkeypatch.setattr("ort_torch_compat.graph.specialize.specialize", lambda *a: pytest.fail("traced again"))

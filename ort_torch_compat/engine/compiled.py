@@ -60,7 +60,6 @@ COMPILE_ENV = "ORT_TORCH_COMPAT_COMPILE"
 CONFIG_KEY = "ort_torch_compat.compile"  # session options config entry (add_session_config_entry)
 SETTINGS = ("off", "on", "auto")
 _ALIASES = {"0": "off", "false": "off", "no": "off", "1": "on", "true": "on", "yes": "on"}
-_FORMAT = 4  # bump when what is cached changes meaning
 _CHECK_RTOL, _CHECK_ATOL, _CHECK_GRAD_RTOL = 1e-3, 1e-5, 0.05
 _TIMED_ROUNDS = 5  # eager/compiled step pairs timed after a cold compile
 _FASTER = 0.95  # the compiled step is used when it takes at most this share of the eager step's time
@@ -120,14 +119,15 @@ def _stable_repr(value: object) -> str:
 
 
 def graph_key(module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -> str:
-    """Everything the compiled code depends on, without tracing: torch version and CPU
-    capability, the converted graph (code, each module's class, attributes and buffers),
+    """Everything the compiled code depends on, without tracing: torch version, CPU
+    capability and instruction-set extensions, the converted graph (code, each module's class, attributes and buffers),
     the source files of those classes and of the compiler path, and the inputs' shapes,
     dtypes and requires_grad flags (parameter values are inputs, not part of the key)."""
     from ..graph import dense_kernel, specialize
 
     digest = hashlib.sha256()
-    digest.update(f"{_FORMAT}|{torch.__version__}|{torch.backends.cpu.get_cpu_capability()}".encode())
+    digest.update(f"{compile_cache.FORMAT}|{torch.__version__}|{torch.backends.cpu.get_cpu_capability()}".encode())
+    digest.update(" ".join(compile_cache.cpu_features()).encode())
     digest.update(module.code.encode())
     sources = {__file__, specialize.__file__, dense_kernel.__file__}
     for name, sub in module.named_modules():
@@ -412,6 +412,25 @@ def build_entry(module: fx.GraphModule, tensors: Sequence[torch.Tensor], key: st
     return {"status": "compiled", "seconds": time.perf_counter() - begin}
 
 
+def _check_layout(meta: Dict) -> None:
+    """Raise ValueError unless `meta` describes a compiled step (the manifest's digest has
+    already caught damage: this catches an entry of another format or a bug)."""
+    def integers(value: object) -> bool:
+        return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                               for v in value)
+
+    if not (isinstance(meta.get("num_outputs"), int) and integers(meta.get("mutated"))
+            and integers(meta.get("grad_outputs")) and integers(meta.get("no_grad_inputs"))
+            and isinstance(meta.get("activation_strides"), list) and all(integers(s) for s in meta["activation_strides"])
+            and isinstance(meta.get("trace_constants"), list)
+            and all(isinstance(r, dict) and isinstance(r.get("dtype"), str) and integers(r.get("shape"))
+                    and isinstance(r.get("data"), str) for r in meta["trace_constants"])
+            and all(isinstance(meta.get(k), (int, float)) and not isinstance(meta.get(k), bool)
+                    for k in ("eager_ms", "compiled_ms"))
+            and {"forward.so", "backward.so"} <= set(meta.get("files", {}))):
+        raise ValueError("the manifest does not describe a compiled train step")
+
+
 def _preload_libraries(directory: pathlib.Path) -> None:
     """dlopen the entry's libraries (kept loaded), so that loading them again is cheap."""
     for name in ("forward.so", "backward.so"):
@@ -484,14 +503,34 @@ class TrainStepRunner:
         except Exception as error:  # noqa: BLE001  (anything here only means: no compiled step)
             _report(self.label, f"cannot key the compile cache ({type(error).__name__}: {error})")
             return
-        directory = cache_root() / self._key
-        meta = compile_cache.read_meta(directory)
-        if meta is not None and "refused" in meta:
-            _report(self.label, meta["refused"])
-        elif meta is not None:
-            self._load(directory, meta)
+        entry = self._open_entry()
+        if entry is False:
+            return
+        if entry is not None and "refused" in entry.meta:
+            _report(self.label, str(entry.meta["refused"]))
+        elif entry is not None:
+            self._load(entry.directory, entry.meta)
         else:
             self._start(tensors)
+
+    def _open_entry(self):
+        """The verified cache entry of this key, None where there is none (or an untrusted one
+        was removed: it is rebuilt), False where the cache cannot be used (reported)."""
+        root = cache_root()
+        try:
+            if os.path.lexists(root):
+                compile_cache.check_root(root)
+        except compile_cache.CacheProblem as problem:
+            _report(self.label, f"{problem}; train steps run eagerly")
+            return False
+        try:
+            return compile_cache.open_entry(root, self._key)
+        except compile_cache.CacheProblem as problem:
+            if not compile_cache.discard(root, self._key):
+                _report(self.label, f"{problem}; train steps run eagerly")
+                return False
+            _report(self.label, f"{problem}; the entry was removed and is compiled again")
+            return None
 
     def _start(self, tensors: Sequence[torch.Tensor]) -> None:
         """Compile in a child process: in the background under "auto", waited for under "on"."""
@@ -521,11 +560,12 @@ class TrainStepRunner:
             return
         self.compile_seconds = time.perf_counter() - self._started
         log.info("%s: compiled in %.1f s", self.label, self.compile_seconds)
-        directory = cache_root() / self._key
-        meta = compile_cache.read_meta(directory)
-        if meta is None or "refused" in meta:
-            _report(self.label, f"the compiled step vanished from {directory}")
+        entry = self._open_entry()
+        if not entry or "refused" in entry.meta:
+            if entry is None:
+                _report(self.label, f"the compiled step vanished from {cache_root() / self._key}")
             return
+        directory, meta = entry
         if self.setting == "on":
             self._load(directory, meta)
             return
@@ -540,6 +580,11 @@ class TrainStepRunner:
     def _load(self, directory: pathlib.Path, meta: Dict) -> None:
         from ..graph.specialize import lifted_constants
 
+        try:
+            _check_layout(meta)
+        except ValueError as error:
+            _report(self.label, f"cannot load the compiled step from {directory} ({error})")
+            return
         if self.setting == "auto" and meta["compiled_ms"] > _FASTER * meta["eager_ms"]:
             log.info("%s: the compiled train step is not faster (%.1f ms vs %.1f ms eager): running eagerly",
                      self.label, meta["compiled_ms"], meta["eager_ms"])

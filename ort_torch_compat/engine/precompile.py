@@ -90,8 +90,15 @@ def precompile(training_model: PathLike, checkpoint: PathLike, shapes: Mapping[s
     key = compiled.graph_key(engine.train_module, tensors)
     root = cache_root()
     directory = root / key
-    meta = compile_cache.read_meta(directory)
-    if meta is not None:
+    try:
+        compile_cache.ensure_root(root)
+        entry = compile_cache.open_entry(root, key)
+    except compile_cache.CacheProblem as problem:
+        if not compile_cache.discard(root, key):
+            raise InvalidArgumentError(str(problem)) from None
+        entry = None
+    if entry is not None:
+        meta = entry.meta
         return PrecompileResult("refused" if "refused" in meta else "cached", str(directory), meta.get("refused", ""))
     begin = time.perf_counter()
     result: Dict = compiled.build_entry(engine.train_module, tensors, key, root)
