@@ -117,6 +117,19 @@ def test_bad_arguments_fail_before_any_file_is_written(tmp_path, kwargs, error, 
     assert list(tmp_path.iterdir()) == []
 
 
+def test_parameters_fed_as_graph_inputs_are_named(tmp_path):
+    """W1 and b1 are graph inputs (a model exported without its weights): the error names
+    them and says what to do, instead of a later "requires_grad is empty"."""
+    model = tiny_model()
+    for init in [i for i in model.graph.initializer if i.name in ("W1", "b1")]:
+        model.graph.input.append(helper.make_tensor_value_info(init.name, TensorProto.FLOAT, list(init.dims)))
+        model.graph.initializer.remove(init)
+    with pytest.raises(ArtifactGenerationError, match=r"requires_grad names \['W1', 'b1'\], which are graph inputs "
+                                                      r"of the model, not initializers.*export_params=True"):
+        generate(tmp_path, model)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_missing_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing"):
         generate(tmp_path / "missing")

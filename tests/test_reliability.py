@@ -207,6 +207,69 @@ def test_missing_external_data_names_the_tensor_and_folder(tmp_path):
         api.Module(model, state)
 
 
+def _without_length(model_path):
+    """The model with every external tensor's `length` entry dropped (offsets kept)."""
+    proto = onnx.load(str(model_path), load_external_data=False)
+    for tensor in proto.graph.initializer:
+        kept = [(e.key, e.value) for e in tensor.external_data if e.key != "length"]
+        del tensor.external_data[:]
+        for key, value in kept:
+            tensor.external_data.add(key=key, value=value)
+    onnx.save(proto, str(model_path))
+
+
+def test_external_data_without_a_length_reads_only_what_the_dims_need(tmp_path):
+    """A tensor with no `length` next to a huge (sparse) file: the dims decide how much is
+    read, and the numbers are those of the inline model."""
+    scale = np.linspace(0.5, 2.0, 6)
+    model = _model_with_external_scale(tmp_path, scale)
+    _without_length(model)
+    with open(tmp_path / "weights.bin", "r+b") as handle:  # 64 GiB of holes after the real bytes
+        handle.truncate(64 << 30)
+    inline = tmp_path / "inline"
+    assert _train(model) == _train(_model_with_external_scale(inline, scale))
+
+
+def test_external_data_shorter_or_longer_than_the_dims_is_refused(tmp_path):
+    model = _model_with_external_scale(tmp_path, np.ones(6))
+    state = api.CheckpointState.load_checkpoint(cases.MLP_CE / "checkpoint")
+    proto = onnx.load(str(model), load_external_data=False)
+    for tensor in proto.graph.initializer:
+        if tensor.name == "scale":
+            next(e for e in tensor.external_data if e.key == "length").value = "4"
+    onnx.save(proto, str(model))
+    with pytest.raises(ModelLoadError, match=r"tensor 'scale' declares 4 bytes of external data in 'weights.bin', "
+                                             r"but its dims \[6\] and type need 24"):
+        api.Module(model, state)
+    _without_length(model)
+    with open(tmp_path / "weights.bin", "r+b") as handle:
+        handle.truncate(10)
+    with pytest.raises(ModelLoadError, match=r"tensor '.*' needs \d+ bytes of external data from offset \d+ of "
+                                             r"'weights.bin', which holds"):
+        api.Module(model, state)
+
+
+def test_a_name_that_is_not_text_is_named_as_damage(tmp_path):
+    """protobuf returns a string field with invalid UTF-8 as bytes; that is a damaged file,
+    said at load, not a TypeError deep in the engine."""
+    data = (cases.MLP_CE / "training_model.onnx").read_bytes()
+    position = data.index(b"fc1.weight")
+    damaged = data[:position + 3] + b"\xf8" + data[position + 4:]
+    state = api.CheckpointState.load_checkpoint(cases.MLP_CE / "checkpoint")
+    with pytest.raises(ModelLoadError, match=r"is not valid UTF-8 text \(a damaged file\)"):
+        api.Module(damaged, state)
+
+
+def test_every_error_of_the_library_is_one_family():
+    from ort_torch_compat.codec.errors import CheckpointFormatError
+    from ort_torch_compat.errors import OrtTorchCompatError
+    from ort_torch_compat.graph.errors import GraphConversionError, UnsupportedOperatorError
+
+    for error in (CheckpointFormatError, GraphConversionError, UnsupportedOperatorError, ModelLoadError):
+        assert issubclass(error, OrtTorchCompatError) and issubclass(error, RuntimeError)
+    assert issubclass(CheckpointFormatError, ValueError) and issubclass(GraphConversionError, ModelLoadError)
+
+
 def test_copied_artifacts_train_the_same_from_any_working_directory(tmp_path, monkeypatch):
     shutil.copytree(cases.MLP_CE, tmp_path / "a")
     monkeypatch.chdir(tmp_path)

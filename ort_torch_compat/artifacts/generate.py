@@ -18,6 +18,7 @@ import onnx
 from .. import onnxblock
 from ..atomic_files import atomic_write
 from ..onnxblock.checkpoint_utils import save_checkpoint
+from .errors import ArtifactGenerationError
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +162,7 @@ def generate_artifacts(
     if not directory.is_dir():
         raise FileNotFoundError(f"artifact_directory {str(directory)!r} is not an existing directory")
 
+    _check_parameters_are_initializers(loaded_model, requires_grad, frozen_params)
     training_block = _TrainingBlock(loss_block, loss_input_names, additional_output_names)
     for name in requires_grad or []:
         training_block.requires_grad(name)
@@ -192,6 +194,21 @@ def generate_artifacts(
         path = directory / f"{prefix}{name}"
         write(path)
         logger.info("Saved %s", path)
+
+
+def _check_parameters_are_initializers(model: onnx.ModelProto, requires_grad: Optional[List[str]],
+                                       frozen_params: Optional[List[str]]) -> None:
+    """Parameters are initializers; a graph input named as one would be silently left out
+    (and the model then has no trainable parameter): name it and say what to do."""
+    initializers = {init.name for init in model.graph.initializer}
+    inputs = {info.name for info in model.graph.input} - initializers
+    for argument, names in (("requires_grad", requires_grad), ("frozen_params", frozen_params)):
+        fed = [name for name in names or [] if name in inputs]
+        if fed:
+            raise ArtifactGenerationError(
+                f"{argument} names {fed}, which are graph inputs of the model, not initializers: parameters must be "
+                "initializers (export the model with its weights, e.g. torch.onnx.export(..., export_params=True), "
+                "or move them into graph.initializer with onnx.numpy_helper.from_array)")
 
 
 def _onnx_opset(model: onnx.ModelProto) -> Optional[int]:

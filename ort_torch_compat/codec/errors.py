@@ -7,11 +7,14 @@ also subclasses ``ValueError`` so generic ``except ValueError`` handlers keep wo
 """
 from __future__ import annotations
 
+from ..errors import OrtTorchCompatError
+
 __all__ = ["CheckpointError", "CheckpointFormatError"]
 
 
-class CheckpointError(Exception):
-    """Base class of every error the checkpoint codec raises on purpose."""
+class CheckpointError(OrtTorchCompatError):
+    """Base class of every error the checkpoint codec raises on purpose (part of the
+    library's one family: `except OrtTorchCompatError` catches it)."""
 
 
 class CheckpointFormatError(CheckpointError, ValueError, RuntimeError):

@@ -65,10 +65,37 @@ def load_model(source: ModelSource, role: str) -> "onnx.ModelProto":
     name = describe(source, role)
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise ModelLoadError(f"{role} {name} is not an ONNX model (no graph)")
+    _check_text(model.graph, role, name)
     _check_versions(model, role, name)
     _load_external_data(model, folder, role, name)
     _check_initializers(model, role, name)
     return model
+
+
+def _check_text(graph: "onnx.GraphProto", role: str, name: str) -> None:
+    """Every name in the graph (and its subgraphs) is text: protobuf hands a damaged string
+    field back as bytes, which would fail later, far from the cause."""
+    def check(value: object, field: str) -> None:
+        if not isinstance(value, str):
+            raise ModelLoadError(f"{role} {name}: {field} {value!r} is not valid UTF-8 text (a damaged file)")
+
+    pending = [graph]
+    while pending:
+        current = pending.pop()
+        check(current.name, "graph name")
+        for info in (*current.input, *current.output, *current.value_info, *current.initializer,
+                     *current.sparse_initializer):
+            check(getattr(info, "name", ""), "value name")
+        for node in current.node:
+            for field in ("name", "op_type", "domain"):
+                check(getattr(node, field), f"node {field}")
+            for value in (*node.input, *node.output):
+                check(value, f"input/output of node {node.name!r}")
+            for attribute in node.attribute:
+                check(attribute.name, f"attribute name of node {node.name!r}")
+                if attribute.HasField("g"):
+                    pending.append(attribute.g)
+                pending.extend(attribute.graphs)
 
 
 def _check_versions(model: "onnx.ModelProto", role: str, name: str) -> None:
@@ -98,11 +125,46 @@ def _load_external_data(model: "onnx.ModelProto", folder: Optional[str], role: s
             "which a model given as bytes cannot locate; pass the model's path instead"
         )
     for tensor in external:
+        _bound_external_length(tensor, folder, role, name)
         try:
             external_data_helper.load_external_data_for_tensor(tensor, folder)
         except (OSError, ValueError, RuntimeError, onnx.checker.ValidationError) as error:
             raise ModelLoadError(f"{role} {name}: cannot read the external data of tensor '{tensor.name}' "
                                  f"(relative to {folder}): {error}") from error
+
+
+_FOUR_BIT_TYPES = (21, 22, 23)  # UINT4, INT4, FLOAT4E2M1: two elements per byte
+
+
+def _bound_external_length(tensor: "onnx.TensorProto", folder: str, role: str, name: str) -> None:
+    """Check an external tensor's byte count against its dims and dtype *before* reading, and
+    make the reader read exactly that many bytes (without a `length`, onnx reads the file's
+    whole rest: a sparse 64 GiB file next to the model would be read whole)."""
+    from onnx import external_data_helper
+
+    dims = list(tensor.dims)
+    if any(d < 0 for d in dims):
+        raise ModelLoadError(f"{role} {name}: tensor '{tensor.name}' has a negative dimension in {dims}")
+    count = math.prod(dims)
+    try:
+        expected = (count + 1) // 2 if tensor.data_type in _FOUR_BIT_TYPES else count * element_size(tensor.data_type)
+    except ValueError:
+        return  # strings and unknown types: onnx's reader decides
+    info = external_data_helper.ExternalDataInfo(tensor)
+    if info.length and info.length != expected:
+        raise ModelLoadError(f"{role} {name}: tensor '{tensor.name}' declares {info.length} bytes of external data in "
+                             f"'{info.location}', but its dims {dims} and type need {expected}")
+    location = os.path.join(folder, info.location)
+    try:
+        available = os.path.getsize(location) - (info.offset or 0)
+    except OSError:
+        return  # missing or refused paths: onnx's checked reader names the problem
+    if available < expected:
+        raise ModelLoadError(f"{role} {name}: tensor '{tensor.name}' needs {expected} bytes of external data from "
+                             f"offset {info.offset or 0} of '{info.location}', which holds {max(available, 0)}")
+    if not info.length:
+        entry = next((e for e in tensor.external_data if e.key == "length"), None) or tensor.external_data.add()
+        entry.key, entry.value = "length", str(expected)
 
 
 # Where TensorProto stores each type when not as raw_data, and how many values one element takes.

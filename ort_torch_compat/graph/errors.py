@@ -3,9 +3,12 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Optional, Tuple
 
+from ..errors import ModelLoadError
 
-class GraphConversionError(RuntimeError):
-    """The ONNX graph cannot be turned into a torch module (bad wiring, bad model)."""
+
+class GraphConversionError(ModelLoadError):
+    """The ONNX graph cannot be turned into a torch module (bad wiring, bad model): a
+    ModelLoadError (so RuntimeError and ValueError too), like every other artifact problem."""
 
 
 class UnsupportedOperatorError(GraphConversionError):
