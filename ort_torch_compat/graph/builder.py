@@ -11,11 +11,13 @@ from __future__ import annotations
 import inspect
 import operator
 import re
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import onnx
-from onnx import defs, numpy_helper
+from onnx import AttributeProto, defs, numpy_helper
 from onnx2torch.onnx_graph import OnnxGraph
+from onnx2torch.onnx_node import OnnxNode
+from onnx2torch.onnx_tensor import OnnxTensor
 from torch import fx, nn
 
 from . import converters  # noqa: F401  (registers our converters)
@@ -27,6 +29,38 @@ from .registry import find_converter, is_ours
 
 NOT_TRAINABLE = "strings cannot be part of a training graph (torch has no string tensors)"
 
+
+def typed_attributes(node: onnx.NodeProto) -> Dict[str, Any]:
+    """A node's attributes as onnx2torch's converters expect them, read by the attribute's
+    declared type.  onnx2torch's own parser tests the fields for truthiness, so an empty
+    INTS/FLOATS/STRINGS/TENSORS attribute came back as the raw AttributeProto (the dynamo
+    exporter writes `Constant(value_ints=[])`: "Could not infer dtype of AttributeProto")."""
+    parsed: Dict[str, Any] = {}
+    for attribute in node.attribute:
+        kind = attribute.type
+        if kind == AttributeProto.INT:
+            parsed[attribute.name] = attribute.i
+        elif kind == AttributeProto.FLOAT:
+            parsed[attribute.name] = attribute.f
+        elif kind == AttributeProto.STRING:
+            parsed[attribute.name] = attribute.s.decode("utf-8", "replace")
+        elif kind == AttributeProto.TENSOR:
+            parsed[attribute.name] = OnnxTensor(attribute.t)
+        elif kind == AttributeProto.INTS:
+            if not attribute.ints and node.op_type == "Transpose":
+                continue  # an empty perm is the default: reverse the axes (as onnx's reference does)
+            parsed[attribute.name] = list(attribute.ints)
+        elif kind == AttributeProto.FLOATS:
+            parsed[attribute.name] = list(attribute.floats)
+        elif kind == AttributeProto.STRINGS:
+            parsed[attribute.name] = [s.decode("utf-8", "replace") for s in attribute.strings]
+        elif kind == AttributeProto.TENSORS:
+            parsed[attribute.name] = [OnnxTensor(t) for t in attribute.tensors]
+        elif kind == AttributeProto.SPARSE_TENSOR:
+            parsed[attribute.name] = attribute.sparse_tensor
+        else:  # graphs, and attributes without a declared type: as onnx2torch gives them
+            parsed[attribute.name] = OnnxNode._parse_attribute_value(attribute)
+    return parsed
 
 class _Constants(nn.Module):
     """Holds the graph's own constant initializers as buffers (they move with `.to()`)."""
@@ -119,6 +153,8 @@ def _build(graph: onnx.GraphProto, opsets: Dict[str, int], input_names: Sequence
         getattr(fused, field).extend(getattr(graph, field))
     fused.node.extend(fuse_matmul_bias(graph))
     onnx_graph = OnnxGraph(fused)
+    for node in onnx_graph.nodes.values():
+        node._proto_attributes = typed_attributes(node.proto)  # onnx2torch's parser drops empty lists
     fx_graph = fx.Graph()
     root = nn.Module()
     constants = _Constants()
