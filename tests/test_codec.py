@@ -369,8 +369,8 @@ def test_empty_int64_vector_alignment_quirk_matters(monkeypatch):
 
     def naive(self, values, what):
         if not values:
-            self.b.StartVector(8, 0, 8)  # records 8-byte alignment like a non-empty vector
-            return self.b.EndVector()
+            self.b.start_vector(8, 0, 8)  # records 8-byte alignment like a non-empty vector
+            return self.b.end_vector()
         return real(self, values, what)
 
     monkeypatch.setattr(E._Encoder, "int64_vector", naive)
