@@ -355,14 +355,24 @@ def tensor_record_from_torch(name: str, tensor: Any, doc_string: str = "", *, co
 
 
 def tensor_record_to_torch(record: TensorRecord) -> Any:
-    """CPU torch tensor of ``record``, built with ``torch.frombuffer`` on a private copy."""
+    """CPU torch tensor of ``record``, owning its memory.
+
+    Bytes are copied once, into the new tensor's storage; a lazily read payload (a
+    ``Payload`` of ``open_checkpoint``, anything with ``readinto``) is read straight into it.
+    """
     import torch
 
     dt = torch_dtype(record.data_type)
     dims = tuple(int(d) for d in record.dims)
     _check_payload(record)
+    tensor = torch.empty(dims, dtype=dt)
     if len(record.raw_data) == 0:
-        # frombuffer rejects empty buffers
-        return torch.empty(dims, dtype=dt)
-    return torch.frombuffer(bytearray(record.raw_data), dtype=dt).reshape(dims)
+        return tensor
+    target = tensor.reshape(-1).view(torch.uint8).numpy()
+    raw = record.raw_data
+    if hasattr(raw, "readinto"):
+        raw.readinto(memoryview(target))
+    else:
+        target[:] = np.frombuffer(raw, dtype=np.uint8)
+    return tensor
 

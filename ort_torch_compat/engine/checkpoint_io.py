@@ -1,6 +1,7 @@
 """Translate between codec records (the file) and the TrainingState (the live state)."""
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import List, Optional, Tuple, Union
 
@@ -13,7 +14,7 @@ from ..codec import (
     ParameterOptimizerStateRecord,
     TensorRecord,
     decode_checkpoint,
-    read_checkpoint,
+    open_checkpoint,
     state_writer_record,
     tensor_record_from_torch,
     tensor_record_to_torch,
@@ -34,16 +35,21 @@ def load_state(
     ``allow_external_symlinks`` lets the ``.data`` companion be a symlink to a file outside
     the checkpoint's folder (refused by default: its bytes would become parameters).
     """
+    # The records' tensor bytes are Payloads, read straight into each new tensor's memory
+    # (from the file, or from the caller's buffer): no copy of the whole file is made.
     if isinstance(source, (bytes, bytearray, memoryview)):
         name = "<buffer>"
-        record = decode_checkpoint(source, source=name)
+        opened = contextlib.nullcontext(decode_checkpoint(source, source=name, lazy=True))
     else:
         name = os.fsdecode(os.fspath(source))
-        record = read_checkpoint(name, allow_external_symlinks=allow_external_symlinks)
-    try:
-        return state_from_record(record)
-    except ValueError as error:  # well-formed file, impossible tensor (dtype/size): still a bad checkpoint
-        raise CheckpointFormatError(name, str(error)) from error
+        opened = open_checkpoint(name, allow_external_symlinks=allow_external_symlinks)
+    with opened as record:
+        try:
+            return state_from_record(record)
+        except CheckpointFormatError:
+            raise  # e.g. the file was cut short while its tensors were read; it names the file
+        except ValueError as error:  # well-formed file, impossible tensor (dtype/size): still a bad checkpoint
+            raise CheckpointFormatError(name, str(error)) from error
 
 
 def _tensor(record: TensorRecord, what: str) -> torch.Tensor:
