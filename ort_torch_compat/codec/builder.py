@@ -16,7 +16,7 @@ byte once written is read back, so the flushed metadata before a hole is final.
 from __future__ import annotations
 
 import struct
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Union
 
 __all__ = ["SegmentBuilder", "BuilderSizeError", "MAX_SIZE", "Buffer"]
 
@@ -253,7 +253,3 @@ class SegmentBuilder:
     def _not_nested(self) -> None:
         if self.nested:
             raise ValueError("flatbuffers: object serialization must not be nested")
-
-
-def joined(segments: Sequence[Buffer]) -> bytes:
-    return b"".join(segments)

@@ -26,6 +26,7 @@ from typing import Callable, ContextManager, Dict, List, Optional, Tuple, Union
 
 from ..atomic_files import AtomicSave
 from .builder import Buffer, BuilderSizeError, SegmentBuilder
+from .decode import Payload
 from .dtypes import TensorDataType, element_size
 from .records import CheckpointRecord, PropertyValue, TensorRecord
 
@@ -66,11 +67,18 @@ def _to_float32(value: float) -> float:
         return math.copysign(math.inf, value)
 
 
+#: Byte vectors at least this long are written from the caller's buffer, not copied (the
+#: bytes of the file do not depend on it; tests set it to 0 and to "never").
+HOLE_BYTES = 1 << 16
+
+
 def _byte_view(raw: object) -> Buffer:
     """``raw_data`` as a flat byte buffer without copying it (bytes, or any C-contiguous
     buffer such as a numpy array or a memoryview of a tensor's storage)."""
     if isinstance(raw, bytes):
         return raw
+    if isinstance(raw, Payload):  # a record of open_checkpoint, re-encoded inside its block
+        return raw.tobytes()
     view = memoryview(raw)  # type: ignore[arg-type]
     if not view.c_contiguous:
         raise ValueError("raw_data must be a C-contiguous buffer")
@@ -84,7 +92,7 @@ class _Encoder:
     the segments are written."""
 
     def __init__(self, ext_min: Optional[int]) -> None:
-        self.b = SegmentBuilder()
+        self.b = SegmentBuilder(HOLE_BYTES)
         self.ext_min = ext_min
         self.ext: Optional[List[Buffer]] = [] if ext_min is not None else None
         self.ext_size = 0
