@@ -342,7 +342,7 @@ class AtomicSave:
                     if self.data is None:
                         _commit_single(self.path, self.main)
                     else:
-                        _commit_pair_locked(self.path, self.main, self.data)
+                        _commit_pair_files(self.path, self.main, self.data)
                 except OSError as error:
                     raise _renamed(error, self.what, self.path) from None
         finally:
@@ -360,7 +360,7 @@ def _commit_single(path: str, temp: "_Temp") -> None:
         temp.discard()
 
 
-def _commit_pair_locked(path: str, main_temp: "_Temp", data_temp: "_Temp") -> None:
+def _commit_pair_files(path: str, main_temp: "_Temp", data_temp: "_Temp") -> None:
     directory, _ = _split(path)
     with _sigint_deferred():
         with _directory_lock(directory, exclusive=True):
@@ -422,7 +422,7 @@ def atomic_write_pair(path: str, main: Content, data: Content, what: str = "chec
         data_temp, main_temp = temps
         data_temp.write(data)
         main_temp.write(main)
-        _commit_pair_locked(path, main_temp, data_temp)
+        _commit_pair_files(path, main_temp, data_temp)
     except OSError as exc:
         raise _renamed(exc, what, path)
     finally:

@@ -72,10 +72,6 @@ class _Table:
         self.what = what
 
 
-class _Closed(ValueError):
-    pass
-
-
 def _check_view(view: memoryview, nbytes: int) -> memoryview:
     view = memoryview(view)
     if view.format != "B" or view.ndim != 1:
@@ -120,7 +116,7 @@ class _FileBlob:
 
     def _check_open(self) -> None:
         if self.fd < 0:
-            raise _Closed(f"{self.source} was closed: read payloads inside open_checkpoint's block")
+            raise ValueError(f"{self.source} was closed: read payloads inside open_checkpoint's block")
 
     def _short(self, offset: int) -> CheckpointFormatError:
         return CheckpointFormatError(self.source, f"truncated while reading (at offset {offset})")
