@@ -49,9 +49,11 @@ try:
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-Content = Union[bytes, bytearray, memoryview, Callable[[str], None]]
+#: bytes; a list of buffers written one after the other (streamed, never joined); or a
+#: function that writes a file at the path it is given.
+Content = Union[bytes, bytearray, memoryview, List[Union[bytes, bytearray, memoryview]], Callable[[str], None]]
 
-__all__ = ["atomic_write", "atomic_write_pair", "recover", "stable_pair", "journal_path", "JournalError"]
+__all__ = ["atomic_write", "atomic_write_pair", "AtomicSave", "recover", "stable_pair", "journal_path", "JournalError"]
 
 _TOKEN_BYTES = 6
 _JOURNAL_VERSION = 1
@@ -187,6 +189,15 @@ class _Temp:
 
     def write(self, content: Content) -> None:
         """Write and fsync; a function is given the temp path and writes the file itself."""
+        self.fill(content)
+        self.sync()
+
+    def sync(self) -> None:
+        os.fsync(self.fd)
+
+    def fill(self, content: Content) -> None:
+        """Write ``content`` (not yet fsynced).  A list of buffers goes to the file one
+        after the other: nothing is joined or copied."""
         if callable(content):
             # The function may replace the file (safetensors writes a new one and renames
             # it): lock what is there now, with the cleanup kept out meanwhile.
@@ -196,15 +207,17 @@ class _Temp:
                 self.fd = -1
                 self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
                 _try_flock(self.fd)
-            os.fsync(self.fd)
             return
         # A dup keeps our descriptor (and so the flock) open when the file object closes.
+        # Writes larger than its buffer go straight from the caller's memory to the file.
         with os.fdopen(os.dup(self.fd), "wb") as handle:
-            view = memoryview(content).cast("B")
-            for start in range(0, len(view), _WRITE_CHUNK):
-                handle.write(view[start : start + _WRITE_CHUNK])
+            for chunk in content if isinstance(content, (list, tuple)) else (content,):
+                view = memoryview(chunk)
+                if view.format != "B" or view.ndim != 1:
+                    view = view.cast("B")
+                for start in range(0, len(view), _WRITE_CHUNK):
+                    handle.write(view[start : start + _WRITE_CHUNK])
             handle.flush()
-        os.fsync(self.fd)
 
     def discard(self) -> None:
         """Close; remove the file if it still sits at its (unique) temp name, i.e. it was not
@@ -276,13 +289,95 @@ def _remove_abandoned(directory: str, base: str) -> None:
             os.close(fd)
 
 
+# ---- streaming saves ----------------------------------------------------------------------------
+class AtomicSave:
+    """A save of ``path`` (and, when `write_data` is called, ``path.data``) written in steps.
+
+    Use as a context manager: inside it, `write_data` and `write_main` write the new
+    contents into temp files (each at most once, the data file first); a clean exit fsyncs
+    them and commits them as `atomic_write` or `atomic_write_pair` would; an exception
+    removes them and leaves the old files.  This lets a caller hold a lock only while the
+    bytes are written (e.g. from a live training state), not during fsync and the renames.
+    """
+
+    def __init__(self, path: str, what: str = "checkpoint") -> None:
+        self.path = path
+        self.what = what
+        self.directory: Optional[str] = None
+        self.main: Optional[_Temp] = None
+        self.data: Optional[_Temp] = None
+
+    def __enter__(self) -> "AtomicSave":
+        return self
+
+    def _fill(self, attribute: str, path: str, content: Content) -> None:
+        if getattr(self, attribute) is not None:
+            raise RuntimeError(f"{attribute} of {self.path} written twice")
+        if self.directory is None:
+            self.directory = _check_directory(self.path, self.what)  # names the directory
+        try:
+            with _directory_lock(self.directory, exclusive=False), _sigint_deferred():
+                # Recorded before a deferred Ctrl-C can be delivered, so __exit__ removes it.
+                setattr(self, attribute, _Temp(path, self.what))
+            getattr(self, attribute).fill(content)
+        except OSError as exc:
+            raise _renamed(exc, self.what, self.path) from None
+
+    def write_data(self, content: Content) -> None:
+        """The new ``path.data`` (makes this a pair save)."""
+        self._fill("data", self.path + ".data", content)
+
+    def write_main(self, content: Content) -> None:
+        self._fill("main", self.path, content)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        temps = [temp for temp in (self.data, self.main) if temp is not None]
+        try:
+            if exc_type is None:
+                if self.main is None:
+                    raise RuntimeError(f"save of {self.path}: no main file was written")
+                try:
+                    for temp in temps:
+                        temp.sync()
+                    if self.data is None:
+                        _commit_single(self.path, self.main)
+                    else:
+                        _commit_pair_files(self.path, self.main, self.data)
+                except OSError as error:
+                    raise _renamed(error, self.what, self.path) from None
+        finally:
+            _discard(temps)
+
+
+def _commit_single(path: str, temp: "_Temp") -> None:
+    directory, _ = _split(path)
+    with _sigint_deferred():
+        with _directory_lock(directory, exclusive=True):
+            _recover_locked(path)  # an interrupted pair save must not finish over this file later
+            _remove_abandoned(directory, os.path.basename(path))
+            os.replace(temp.path, path)
+        _fsync_dir(directory)
+        temp.discard()
+
+
+def _commit_pair_files(path: str, main_temp: "_Temp", data_temp: "_Temp") -> None:
+    directory, _ = _split(path)
+    with _sigint_deferred():
+        with _directory_lock(directory, exclusive=True):
+            _recover_locked(path)
+            _remove_abandoned(directory, os.path.basename(path))
+            _commit_pair(path, main_temp, data_temp)
+        _discard([main_temp, data_temp])
+
+
 # ---- one file ----------------------------------------------------------------------------------
 def atomic_write(path: str, content: Content, what: str = "checkpoint") -> None:
     """Replace ``path`` with ``content`` atomically (temp file, fsync, rename).
 
-    ``content`` is bytes, or a function that writes a file at the path it is given.  On
-    failure the previous file is untouched, the temp file removed, and the OSError names
-    ``path`` (or its missing directory).
+    ``content`` is bytes, a list of buffers (streamed one after the other), or a function
+    that writes a file at the path it is given.  On failure the previous file is
+    untouched, the temp file removed, and the OSError names ``path`` (or its missing
+    directory).
     """
     directory = _check_directory(path, what)
     temps: List[_Temp] = []
@@ -290,13 +385,7 @@ def atomic_write(path: str, content: Content, what: str = "checkpoint") -> None:
         with _directory_lock(directory, exclusive=False), _sigint_deferred():
             temps.append(_Temp(path, what))
         temps[0].write(content)
-        with _sigint_deferred():
-            with _directory_lock(directory, exclusive=True):
-                _recover_locked(path)  # an interrupted pair save must not finish over this file later
-                _remove_abandoned(directory, os.path.basename(path))
-                os.replace(temps[0].path, path)
-            _fsync_dir(directory)
-            _discard(temps)
+        _commit_single(path, temps[0])
     except OSError as exc:
         raise _renamed(exc, what, path)
     finally:
@@ -333,12 +422,7 @@ def atomic_write_pair(path: str, main: Content, data: Content, what: str = "chec
         data_temp, main_temp = temps
         data_temp.write(data)
         main_temp.write(main)
-        with _sigint_deferred():
-            with _directory_lock(directory, exclusive=True):
-                _recover_locked(path)
-                _remove_abandoned(directory, os.path.basename(path))
-                _commit_pair(path, main_temp, data_temp)
-            _discard(temps)
+        _commit_pair_files(path, main_temp, data_temp)
     except OSError as exc:
         raise _renamed(exc, what, path)
     finally:

@@ -268,6 +268,25 @@ def test_reencode_is_byte_exact(name):
         assert ext is None
 
 
+@pytest.mark.parametrize("hole_bytes", [0, 1, 2**62], ids=["every-vector", "non-empty", "none"])
+def test_streamed_payloads_do_not_change_the_bytes(monkeypatch, hole_bytes):
+    """Payloads written from the caller's buffers (holes in the builder) or copied into it
+    give the same files, byte for byte (ORT's fixtures, a large tensor, external data)."""
+    from ort_torch_compat.codec import encode as E
+
+    big = tensor_record_from_numpy("big", np.arange(70000, dtype=np.float32))  # above the default 64 KiB
+    records = [read_checkpoint(FIX / name) for name in FIXTURES]
+    records.append(CheckpointRecord(module_state=ModuleStateRecord([big, tensor_record_from_numpy("b", np.ones(3))], []),
+                                    optimizer_groups=[OptimizerGroupRecord("group0", 2, 0.1, [
+                                        ParameterOptimizerStateRecord("big", [big])])]))
+    expected = [encode_checkpoint(r) for r in records] + [encode_checkpoint(records[-1], external_min_bytes=0)]
+    monkeypatch.setattr(E, "HOLE_BYTES", hole_bytes)
+    again = [encode_checkpoint(r) for r in records] + [encode_checkpoint(records[-1], external_min_bytes=0)]
+    assert again == expected
+    for name, (main, ext) in zip(FIXTURES, again):
+        assert main == fixture_bytes(name)
+
+
 def test_state_writer_record_reproduces_writer_b():
     art = read_checkpoint(FIX / "artifact_checkpoint")
     ms = art.module_state
@@ -369,8 +388,8 @@ def test_empty_int64_vector_alignment_quirk_matters(monkeypatch):
 
     def naive(self, values, what):
         if not values:
-            self.b.StartVector(8, 0, 8)  # records 8-byte alignment like a non-empty vector
-            return self.b.EndVector()
+            self.b.start_vector(8, 0, 8)  # records 8-byte alignment like a non-empty vector
+            return self.b.end_vector()
         return real(self, values, what)
 
     monkeypatch.setattr(E._Encoder, "int64_vector", naive)

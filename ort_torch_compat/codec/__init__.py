@@ -4,7 +4,15 @@ The codec knows bytes and records only (no torch or engine imports at module lev
 ``decode``/``read`` verify untrusted input, ``encode``/``write`` reproduce ORT's bytes,
 ``layout`` holds the two ORT writer policies and ``dtypes`` the tensor type table.
 """
-from .decode import FILE_IDENTIFIER, SUPPORTED_VERSION, decode_checkpoint, has_external_data, read_checkpoint
+from .decode import (
+    FILE_IDENTIFIER,
+    SUPPORTED_VERSION,
+    Payload,
+    decode_checkpoint,
+    has_external_data,
+    open_checkpoint,
+    read_checkpoint,
+)
 from .dtypes import (
     TensorDataType,
     code_from_numpy,
@@ -19,7 +27,7 @@ from .dtypes import (
     tensor_record_to_torch,
     torch_dtype,
 )
-from .encode import encode_checkpoint, external_alignment, write_checkpoint
+from .encode import encode_checkpoint, encode_checkpoint_segments, external_alignment, write_checkpoint
 from .errors import CheckpointError, CheckpointFormatError
 from .layout import (
     ARTIFACT_EXTERNAL_MIN_TENSOR_BYTES,
@@ -44,8 +52,11 @@ __all__ = [
     "SUPPORTED_VERSION",
     "decode_checkpoint",
     "read_checkpoint",
+    "open_checkpoint",
+    "Payload",
     "has_external_data",
     "encode_checkpoint",
+    "encode_checkpoint_segments",
     "write_checkpoint",
     "external_alignment",
     "CheckpointError",

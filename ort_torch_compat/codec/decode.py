@@ -14,15 +14,22 @@ Termination and memory are bounded because flatbuffers offsets (``uoffset_t``) o
 point forward, so the object graph is acyclic, and because a work budget caps the total
 number of tables visited and bytes copied at what a non-overlapping file of this size
 could hold, which defeats "many references to one big blob" amplification.
+
+Reading a file never loads it whole: the metadata is read in 64 KiB pages as the decoder
+visits it (``_PagedFile``, with ``pread``, so a file cut short while it is read gives a
+format error, where a memory map would crash the process), and ``open_checkpoint`` hands
+out each tensor's bytes as a :class:`Payload` that the caller reads straight into the
+tensor's own memory (``readinto``).  A load thus holds one copy of the data: the tensors.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
 import stat
 import struct
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Tuple, Union
 
 from ..atomic_files import JournalError, stable_pair
 from .dtypes import TensorDataType, dtype_name, element_size
@@ -36,7 +43,8 @@ from .records import (
     TensorRecord,
 )
 
-__all__ = ["decode_checkpoint", "read_checkpoint", "has_external_data", "FILE_IDENTIFIER", "SUPPORTED_VERSION"]
+__all__ = ["decode_checkpoint", "read_checkpoint", "open_checkpoint", "Payload", "has_external_data", "FILE_IDENTIFIER",
+           "SUPPORTED_VERSION"]
 
 FILE_IDENTIFIER = b"ODTC"
 SUPPORTED_VERSION = 2
@@ -64,8 +72,17 @@ class _Table:
         self.what = what
 
 
+def _check_view(view: memoryview, nbytes: int) -> memoryview:
+    view = memoryview(view)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    if view.readonly or len(view) != nbytes:
+        raise ValueError(f"readinto needs a writable buffer of {nbytes} bytes, got {len(view)}")
+    return view
+
+
 class _Blob:
-    """External data held in memory (``decode_checkpoint(..., external_data=bytes)``)."""
+    """Data held in memory (``decode_checkpoint(..., external_data=bytes)``)."""
 
     def __init__(self, data: memoryview) -> None:
         self.view = data
@@ -73,6 +90,9 @@ class _Blob:
 
     def read(self, offset: int, nbytes: int) -> bytes:
         return bytes(self.view[offset : offset + nbytes])
+
+    def readinto(self, offset: int, view: memoryview) -> None:
+        view[:] = self.view[offset : offset + len(view)]
 
 
 def _pread(fd: int, nbytes: int, offset: int) -> bytes:
@@ -82,36 +102,146 @@ def _pread(fd: int, nbytes: int, offset: int) -> bytes:
     return os.read(fd, nbytes)
 
 
+_READ_CHUNK = 1 << 26
+
+
 class _FileBlob:
-    """An open ``.data`` companion: only the ranges the main file declares are ever read,
-    so a huge or sparse file costs what the checkpoint needs, not its size."""
+    """An open file of which only the ranges the main file declares are ever read, so a
+    huge or sparse ``.data`` costs what the checkpoint needs, not its size."""
 
     def __init__(self, fd: int, size: int, source: str) -> None:
         self.fd = fd
         self.size = size
         self.source = source
 
+    def _check_open(self) -> None:
+        if self.fd < 0:
+            raise ValueError(f"{self.source} was closed: read payloads inside open_checkpoint's block")
+
+    def _short(self, offset: int) -> CheckpointFormatError:
+        return CheckpointFormatError(self.source, f"truncated while reading (at offset {offset})")
+
     def read(self, offset: int, nbytes: int) -> bytes:
-        chunks = []
-        while nbytes > 0:
-            chunk = _pread(self.fd, min(nbytes, 1 << 30), offset)
-            if not chunk:
-                raise CheckpointFormatError(self.source, f"truncated while reading (at offset {offset})")
-            chunks.append(chunk)
-            offset += len(chunk)
-            nbytes -= len(chunk)
-        return b"".join(chunks)
+        self._check_open()
+        chunk = _pread(self.fd, nbytes, offset) if nbytes else b""
+        if len(chunk) == nbytes:
+            return chunk
+        out = bytearray(nbytes)
+        self.readinto(offset, memoryview(out))
+        return bytes(out)
+
+    def readinto(self, offset: int, view: memoryview) -> None:
+        """Fill ``view`` (a writable byte buffer) from ``offset``: the file's bytes land in
+        the caller's memory directly (``preadv``), with no intermediate buffer."""
+        self._check_open()
+        done, nbytes = 0, len(view)
+        while done < nbytes:
+            part = view[done : done + _READ_CHUNK]
+            if hasattr(os, "preadv"):
+                got = os.preadv(self.fd, [part], offset + done)
+            else:  # pragma: no cover - no preadv (macOS < 11, Windows)
+                chunk = _pread(self.fd, len(part), offset + done)
+                got = len(chunk)
+                part[:got] = chunk
+            if got <= 0:
+                raise self._short(offset + done)
+            done += got
 
     def close(self) -> None:
-        os.close(self.fd)
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class _PagedFile(_FileBlob):
+    """The main file, read in pages as the decoder visits its metadata (pages are kept:
+    the metadata is small, and tensor bytes beyond a page are read on demand)."""
+
+    PAGE = 1 << 16
+
+    def __init__(self, fd: int, size: int, source: str) -> None:
+        super().__init__(fd, size, source)
+        self.pages: Dict[int, bytes] = {}
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _page(self, index: int) -> bytes:
+        page = self.pages.get(index)
+        if page is None:
+            start = index * self.PAGE
+            page = self.read(start, min(self.PAGE, self.size - start))
+            self.pages[index] = page
+        return page
+
+    def span(self, pos: int, nbytes: int) -> bytes:
+        first, last = pos // self.PAGE, (pos + nbytes - 1) // self.PAGE
+        if nbytes <= 0:
+            return b""
+        if first == last:
+            page = self._page(first)
+            start = pos - first * self.PAGE
+            return page[start : start + nbytes]
+        if last - first > 4:
+            return self.read(pos, nbytes)  # a big payload: not worth caching
+        joined = b"".join(self._page(i) for i in range(first, last + 1))
+        start = pos - first * self.PAGE
+        return joined[start : start + nbytes]
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return self.span(key.start, key.stop - key.start)
+        page = self._page(key // self.PAGE)
+        return page[key % self.PAGE]
+
+    def unpack_from(self, fmt: struct.Struct, pos: int):
+        index = pos // self.PAGE
+        start = pos - index * self.PAGE
+        if start + fmt.size <= self.PAGE:
+            return fmt.unpack_from(self._page(index), start)
+        return fmt.unpack(self.span(pos, fmt.size))
+
+
+class Payload:
+    """The bytes of one tensor in an open checkpoint (``open_checkpoint``): ``len()`` is
+    their size; ``readinto(buffer)`` reads them into a writable buffer of that size (e.g.
+    the memory of the tensor that will hold them), ``tobytes()`` returns a copy."""
+
+    __slots__ = ("_source", "_offset", "_nbytes")
+
+    def __init__(self, source: Union[_Blob, _FileBlob], offset: int, nbytes: int) -> None:
+        self._source = source
+        self._offset = offset
+        self._nbytes = nbytes
+
+    def __len__(self) -> int:
+        return self._nbytes
+
+    def readinto(self, buffer) -> None:
+        if self._nbytes:
+            self._source.readinto(self._offset, _check_view(buffer, self._nbytes))
+
+    def tobytes(self) -> bytes:
+        return self._source.read(self._offset, self._nbytes) if self._nbytes else b""
+
+    def __repr__(self) -> str:
+        return f"Payload({self._nbytes} bytes at offset {self._offset})"
 
 
 class _Reader:
     """Bounds-checked primitive reads over one buffer; every failure is a format error."""
 
-    def __init__(self, data: memoryview, source: str, ext: Optional[Union[_Blob, _FileBlob]], ext_source: str) -> None:
+    def __init__(self, data: Union[memoryview, _PagedFile], source: str, ext: Optional[Union[_Blob, _FileBlob]],
+                 ext_source: str, lazy: bool = False) -> None:
         self.buf = data
         self.n = len(data)
+        self.lazy = lazy  # tensor bytes as Payloads (read later) instead of bytes
+        if isinstance(data, _PagedFile):
+            self.main = data
+            self.unpack = data.unpack_from
+        else:
+            self.main = _Blob(data)
+            self.unpack = lambda fmt, pos: fmt.unpack_from(data, pos)
         self.source = source
         self.ext = ext
         self.ext_source = ext_source
@@ -137,15 +267,15 @@ class _Reader:
     # -- scalars ------------------------------------------------------------------------
     def u16(self, pos: int, what: str) -> int:
         self.need(pos, 2, what)
-        return _U16.unpack_from(self.buf, pos)[0]
+        return self.unpack(_U16, pos)[0]
 
     def i32(self, pos: int, what: str) -> int:
         self.need(pos, 4, what)
-        return _I32.unpack_from(self.buf, pos)[0]
+        return self.unpack(_I32, pos)[0]
 
     def u32(self, pos: int, what: str) -> int:
         self.need(pos, 4, what)
-        return _U32.unpack_from(self.buf, pos)[0]
+        return self.unpack(_U32, pos)[0]
 
     # -- structure ----------------------------------------------------------------------
     def table(self, pos: int, what: str) -> _Table:
@@ -169,7 +299,7 @@ class _Reader:
         voff = 4 + 2 * slot
         if voff + 2 > t.vt_size:
             return None
-        off = _U16.unpack_from(self.buf, t.vt + voff)[0]
+        off = self.unpack(_U16, t.vt + voff)[0]
         if off == 0:
             return None
         if off < 4 or off + size > t.size:
@@ -180,7 +310,7 @@ class _Reader:
         p = self.field(t, slot, fmt.size, name)
         if p is None:
             return default
-        return fmt.unpack_from(self.buf, p)[0]
+        return self.unpack(fmt, p)[0]
 
     def deref(self, p: int, what: str) -> int:
         off = self.u32(p, what)
@@ -246,7 +376,7 @@ def _tensor(r: _Reader, t: _Table) -> TensorRecord:
         raise r.fail(f"tensor {name!r}: dims are missing")
     start, count = dims_vec
     r.spend(8 * count, f"tensor {name!r} dims")
-    dims = struct.unpack_from(f"<{count}q", r.buf, start) if count else ()
+    dims = r.unpack(struct.Struct(f"<{count}q"), start) if count else ()
     data_type = r.scalar(t, 3, _I32, 0, "data_type")
 
     string_data: Optional[List[str]] = None
@@ -269,11 +399,11 @@ def _tensor(r: _Reader, t: _Table) -> TensorRecord:
             raise r.fail(f"tensor {name!r}: has neither raw_data nor external_data_offset")
         r_start, r_count = rv
         r.spend(r_count, f"tensor {name!r} raw_data")
-        raw = bytes(r.buf[r_start : r_start + r_count])
+        raw = Payload(r.main, r_start, r_count) if r.lazy else bytes(r.buf[r_start : r_start + r_count])
     return TensorRecord(name, data_type, tuple(dims), raw, doc, string_data)
 
 
-def _external_payload(r: _Reader, name: str, data_type: int, dims, offset: int) -> bytes:
+def _external_payload(r: _Reader, name: str, data_type: int, dims, offset: int) -> Union[bytes, Payload]:
     if not r.ext_allowed:
         raise r.fail(
             f"tensor {name!r} has external_data_offset {offset} but the module state has no external data"
@@ -295,7 +425,7 @@ def _external_payload(r: _Reader, name: str, data_type: int, dims, offset: int) 
             f"but the file has {have}",
         )
     r.spend(nbytes, f"tensor {name!r} external data")
-    return r.ext.read(offset, nbytes)
+    return Payload(r.ext, offset, nbytes) if r.lazy else r.ext.read(offset, nbytes)
 
 
 def _tensor_list(r: _Reader, t: _Table, slot: int, name: str) -> List[TensorRecord]:
@@ -370,7 +500,10 @@ def has_external_data(data: BytesLike, *, source: str = "<buffer>") -> bool:
     Reads only the header, root table and module-state table, so a caller can decide
     whether the ``.data`` companion is needed before decoding the whole file.
     """
-    r = _Reader(_as_view(data), source, None, "")
+    return _has_external(_Reader(_as_view(data), source, None, ""))
+
+
+def _has_external(r: "_Reader") -> bool:
     root = _root(r)
     ms = r.field(root, 1, 4, "module_state")
     if ms is None:
@@ -385,6 +518,7 @@ def decode_checkpoint(
     source: str = "<buffer>",
     external_data: Optional[BytesLike] = None,
     external_source: Optional[str] = None,
+    lazy: bool = False,
 ) -> CheckpointRecord:
     """Decode checkpoint bytes into a :class:`CheckpointRecord`.
 
@@ -395,15 +529,18 @@ def decode_checkpoint(
     Tensors read from it come back with their bytes in ``raw_data`` and the record keeps
     ``has_external_data=True``, so re-encoding reproduces the same layout.  Raises
     :class:`CheckpointFormatError` for anything that is not a valid version-2 checkpoint.
+    ``lazy=True``: non-string tensors' ``raw_data`` are :class:`Payload` views of the given
+    buffers (valid while they are; nothing is copied until the caller reads them).
     """
     if external_source is None:
         external_source = f"{source}.data" if source != "<buffer>" else "<external buffer>"
     blob = _Blob(_as_view(external_data)) if external_data is not None else None
-    return _decode(_as_view(data), source, blob, external_source)
+    return _decode(_as_view(data), source, blob, external_source, lazy)
 
 
-def _decode(mv: memoryview, source: str, ext: Optional[Union[_Blob, _FileBlob]], external_source: str) -> CheckpointRecord:
-    r = _Reader(mv, source, ext, external_source)
+def _decode(data: Union[memoryview, _PagedFile], source: str, ext: Optional[Union[_Blob, _FileBlob]],
+            external_source: str, lazy: bool = False) -> CheckpointRecord:
+    r = _Reader(data, source, ext, external_source, lazy)
     root = _root(r)
     record = CheckpointRecord(version=SUPPORTED_VERSION)
     ms = r.field(root, 1, 4, "module_state")
@@ -430,21 +567,49 @@ def read_checkpoint(path: Union[str, os.PathLike], *, allow_external_symlinks: b
     file declares are read.  A missing, short or refused ``.data`` raises
     :class:`CheckpointFormatError` naming it: the checkpoint is incomplete.
     """
+    files: List[_FileBlob] = []
+    try:
+        return _open(path, allow_external_symlinks, False, files)
+    finally:
+        for file in files:
+            file.close()
+
+
+@contextlib.contextmanager
+def open_checkpoint(path: Union[str, os.PathLike], *, allow_external_symlinks: bool = False) -> Iterator[CheckpointRecord]:
+    """Like :func:`read_checkpoint`, as a context manager whose record holds each non-string
+    tensor's bytes as a :class:`Payload`, to be read (``readinto``) inside the block,
+    straight into the memory that keeps them: the whole file is never in memory.
+
+    The metadata is decoded and verified before the block starts, so a malformed file
+    raises here; a file cut short while its payloads are read raises
+    :class:`CheckpointFormatError` from ``readinto``.
+    """
+    files: List[_FileBlob] = []
+    try:
+        yield _open(path, allow_external_symlinks, True, files)
+    finally:
+        for file in files:
+            file.close()
+
+
+def _open(path: Union[str, os.PathLike], allow_external_symlinks: bool, lazy: bool,
+          files: List[_FileBlob]) -> CheckpointRecord:
+    """Decode ``path``; the files it opens are appended to ``files`` for the caller to close."""
     path = os.fspath(path)
     source = os.fsdecode(path)
     data_path = source + ".data"
     blob = None
     try:
         with stable_pair(source):
-            data = _read_regular_file(source)
-            if has_external_data(data, source=source):
+            main = _open_regular_file(source)
+            files.append(main)
+            if _has_external(_Reader(main, source, None, "")):
                 blob = _open_companion(source, data_path, allow_external_symlinks)
-        return _decode(_as_view(data), source, blob, data_path)
+                files.append(blob)
+        return _decode(main, source, blob, data_path, lazy)
     except JournalError as error:
         raise CheckpointFormatError(source, str(error)) from None
-    finally:
-        if blob is not None:
-            blob.close()
 
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
@@ -458,8 +623,9 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _read_regular_file(source: str) -> bytes:
-    """The whole main file; O_NONBLOCK so that opening a FIFO cannot hang before we refuse it."""
+def _open_regular_file(source: str) -> _PagedFile:
+    """The main file, opened for paged reads; O_NONBLOCK so that opening a FIFO cannot hang
+    before we refuse it."""
     fd = os.open(source, _OPEN_FLAGS)
     try:
         st = os.fstat(fd)
@@ -467,16 +633,10 @@ def _read_regular_file(source: str) -> bytes:
             raise IsADirectoryError(errno.EISDIR, "Is a directory", source)
         if not stat.S_ISREG(st.st_mode):
             raise CheckpointFormatError(source, f"not a regular file ({_kind(st.st_mode)})")
-        chunks, left = [], st.st_size
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 30))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return _PagedFile(fd, st.st_size, source)
 
 
 def _open_companion(source: str, data_path: str, allow_external_symlinks: bool) -> _FileBlob:

@@ -331,8 +331,13 @@ def numpy_to_torch(array: np.ndarray) -> Any:
     return torch.from_numpy(arr.reshape(-1).view(np.uint8).copy()).view(dt).reshape(arr.shape)
 
 
-def tensor_record_from_torch(name: str, tensor: Any, doc_string: str = "") -> TensorRecord:
-    """Record holding a torch tensor's bytes, read through a uint8 view (no numpy dtype needed)."""
+def tensor_record_from_torch(name: str, tensor: Any, doc_string: str = "", *, copy: bool = True) -> TensorRecord:
+    """Record holding a torch tensor's bytes, read through a uint8 view (no numpy dtype needed).
+
+    ``copy=False``: for a contiguous CPU tensor, ``raw_data`` is a memoryview of the
+    tensor's own memory (no copy), valid while the tensor lives and showing its changes:
+    for writing the tensor out at once (the checkpoint writer streams it to disk).
+    """
     import torch
 
     code = code_from_torch(tensor.dtype)
@@ -344,19 +349,30 @@ def tensor_record_from_torch(name: str, tensor: Any, doc_string: str = "") -> Te
     if t.numel() == 0:
         raw = b""
     else:
-        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        raw = t.reshape(-1).view(torch.uint8).numpy()
+        raw = raw.tobytes() if copy else memoryview(raw)
     return TensorRecord(name=name, data_type=code, dims=dims, raw_data=raw, doc_string=doc_string)
 
 
 def tensor_record_to_torch(record: TensorRecord) -> Any:
-    """CPU torch tensor of ``record``, built with ``torch.frombuffer`` on a private copy."""
+    """CPU torch tensor of ``record``, owning its memory.
+
+    Bytes are copied once, into the new tensor's storage; a lazily read payload (a
+    ``Payload`` of ``open_checkpoint``, anything with ``readinto``) is read straight into it.
+    """
     import torch
 
     dt = torch_dtype(record.data_type)
     dims = tuple(int(d) for d in record.dims)
     _check_payload(record)
+    tensor = torch.empty(dims, dtype=dt)
     if len(record.raw_data) == 0:
-        # frombuffer rejects empty buffers
-        return torch.empty(dims, dtype=dt)
-    return torch.frombuffer(bytearray(record.raw_data), dtype=dt).reshape(dims)
+        return tensor
+    target = tensor.reshape(-1).view(torch.uint8).numpy()
+    raw = record.raw_data
+    if hasattr(raw, "readinto"):
+        raw.readinto(memoryview(target))
+    else:
+        target[:] = np.frombuffer(raw, dtype=np.uint8)
+    return tensor
 

@@ -1,6 +1,7 @@
 """Translate between codec records (the file) and the TrainingState (the live state)."""
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import List, Optional, Tuple, Union
 
@@ -13,7 +14,7 @@ from ..codec import (
     ParameterOptimizerStateRecord,
     TensorRecord,
     decode_checkpoint,
-    read_checkpoint,
+    open_checkpoint,
     state_writer_record,
     tensor_record_from_torch,
     tensor_record_to_torch,
@@ -34,16 +35,21 @@ def load_state(
     ``allow_external_symlinks`` lets the ``.data`` companion be a symlink to a file outside
     the checkpoint's folder (refused by default: its bytes would become parameters).
     """
+    # The records' tensor bytes are Payloads, read straight into each new tensor's memory
+    # (from the file, or from the caller's buffer): no copy of the whole file is made.
     if isinstance(source, (bytes, bytearray, memoryview)):
         name = "<buffer>"
-        record = decode_checkpoint(source, source=name)
+        opened = contextlib.nullcontext(decode_checkpoint(source, source=name, lazy=True))
     else:
         name = os.fsdecode(os.fspath(source))
-        record = read_checkpoint(name, allow_external_symlinks=allow_external_symlinks)
-    try:
-        return state_from_record(record)
-    except ValueError as error:  # well-formed file, impossible tensor (dtype/size): still a bad checkpoint
-        raise CheckpointFormatError(name, str(error)) from error
+        opened = open_checkpoint(name, allow_external_symlinks=allow_external_symlinks)
+    with opened as record:
+        try:
+            return state_from_record(record)
+        except CheckpointFormatError:
+            raise  # e.g. the file was cut short while its tensors were read; it names the file
+        except ValueError as error:  # well-formed file, impossible tensor (dtype/size): still a bad checkpoint
+            raise CheckpointFormatError(name, str(error)) from error
 
 
 def _tensor(record: TensorRecord, what: str) -> torch.Tensor:
@@ -123,39 +129,42 @@ def moment_mismatch(state: TrainingState) -> Optional[str]:
     return None
 
 
-def _tensor_record(name: str, slot_tensor: torch.Tensor) -> TensorRecord:
-    return tensor_record_from_torch(name, slot_tensor.detach().to("cpu"))
+def _tensor_record(name: str, slot_tensor: torch.Tensor, copy: bool) -> TensorRecord:
+    return tensor_record_from_torch(name, slot_tensor.detach().to("cpu"), copy=copy)
 
 
-def _parameter_records(state: TrainingState) -> Tuple[List[TensorRecord], List[TensorRecord]]:
+def _parameter_records(state: TrainingState, copy: bool) -> Tuple[List[TensorRecord], List[TensorRecord]]:
     trainable, frozen = [], []
     for slot in state.parameters.values():
         tensor = slot.tensor
         if tensor is None:  # unfilled nominal state: ORT writes a 0-d placeholder
             tensor = torch.zeros((), dtype=torch_dtype(slot.data_type))
-        (trainable if slot.requires_grad else frozen).append(_tensor_record(slot.name, tensor))
+        (trainable if slot.requires_grad else frozen).append(_tensor_record(slot.name, tensor, copy))
     return trainable, frozen
 
 
-def _optimizer_records(state: TrainingState) -> List[OptimizerGroupRecord]:
+def _optimizer_records(state: TrainingState, copy: bool) -> List[OptimizerGroupRecord]:
     optimizer = state.optimizer
     if optimizer is None or not optimizer.moments:
         return []
     entries = [
-        ParameterOptimizerStateRecord(name, [_tensor_record(key, value) for key, value in moments.items()])
+        ParameterOptimizerStateRecord(name, [_tensor_record(key, value, copy) for key, value in moments.items()])
         for name, moments in optimizer.moments.items()
     ]
     return [OptimizerGroupRecord(optimizer.group_name, optimizer.step, optimizer.initial_learning_rate, entries)]
 
 
-def record_from_state(state: TrainingState, include_optimizer_state: bool) -> CheckpointRecord:
-    """The record ORT's CheckpointState writer would produce for this state."""
-    trainable, frozen = _parameter_records(state)
+def record_from_state(state: TrainingState, include_optimizer_state: bool, *, copy: bool = True) -> CheckpointRecord:
+    """The record ORT's CheckpointState writer would produce for this state.
+
+    ``copy=False``: the records' ``raw_data`` are views of the state's (CPU) tensors, valid
+    only while the caller holds ``state.lock`` (a train step changes them in place)."""
+    trainable, frozen = _parameter_records(state, copy)
     return state_writer_record(
         trainable,
         frozen,
         is_nominal=state.is_nominal,
-        optimizer_groups=_optimizer_records(state) if include_optimizer_state else [],
+        optimizer_groups=_optimizer_records(state, copy) if include_optimizer_state else [],
         properties=state.properties,
         include_optimizer_state=include_optimizer_state,
     )
@@ -175,16 +184,18 @@ def _needs_external_data(state: TrainingState) -> bool:
 def save_state(state: TrainingState, path: PathLike, include_optimizer_state: bool = False) -> None:
     """Atomically write the state (external data: see `_needs_external_data`).
 
-    The record is built under the state's lock, so a save from another thread while a
-    Module trains captures one consistent step (see `TrainingState`); the disk is written
-    after the lock is released, so training waits only for that copy.
+    The tensors are streamed from the state's own memory into the temp file(s) under the
+    state's lock, so a save from another thread while a Module trains captures one
+    consistent step (see `TrainingState`) without a copy of the state; fsync and the
+    renames happen after the lock is released, so training waits only for the writes
+    into the page cache (about as long as a copy of the state took).
     """
     with state.lock:
-        record = record_from_state(state, include_optimizer_state)
         external = _needs_external_data(state)
     target = os.fspath(path)
     try:
-        write_checkpoint(record, target, external_min_bytes=state_writer_external_min_bytes(external))
+        write_checkpoint(lambda: record_from_state(state, include_optimizer_state, copy=False), target,
+                         external_min_bytes=state_writer_external_min_bytes(external), hold=state.lock)
     except OSError as error:
         if error.filename is not None:
             raise  # the codec's message already names the file
