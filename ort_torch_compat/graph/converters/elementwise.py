@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Dict
+from typing import Callable, Dict, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -211,6 +211,28 @@ def _cumsum(node: OnnxNode, graph: OnnxGraph):
 def _scale(node: OnnxNode, graph: OnnxGraph):
     down = bool(node.attributes.get("scale_down", 0))
     return result(Elementwise(lambda x, scale: x / scale if down else x * scale), node)
+
+
+class ScaledSum(OnnxModule):
+    """com.microsoft ScaledSum (written by ORT's training graph optimizations): the sum of
+    two or three inputs, each times its `scale_i` attribute, in input order as ORT's kernel."""
+
+    def __init__(self, scales: Sequence[float]):
+        super().__init__()
+        self.scales = list(scales)
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        total = inputs[0] * self.scales[0]
+        for value, scale in zip(inputs[1:], self.scales[1:]):
+            total = total + value * scale
+        return total
+
+
+@register("ScaledSum", 1, domain="com.microsoft")
+def _scaled_sum(node: OnnxNode, graph: OnnxGraph):
+    a = node.attributes
+    scales = [a["scale_0"], a["scale_1"], a.get("scale_2", 1.0)][: len(node.input_values)]
+    return result(ScaledSum(scales), node)
 
 
 @register("Det", 11)

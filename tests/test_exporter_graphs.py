@@ -1,9 +1,11 @@
-"""Attributes that are empty lists, as the dynamo exporter writes them (torch >= 2.9's
+"""What other exporters and ORT's optimizations write into graphs.
+
+Attributes that are empty lists, as the dynamo exporter writes them (torch >= 2.9's
 default `torch.onnx.export`): `Constant(value_ints=[])` as an Expand's target shape,
 `axes=[]` on reductions.  onnx2torch's parser read them as absent and handed converters the
 raw AttributeProto ("Could not infer dtype of AttributeProto" at `Module()`); now each
 node's attributes are read by their declared type (graph/builder.typed_attributes).
-Differential against onnx's reference implementation.
+Differential against onnx's reference implementation.  And com.microsoft::ScaledSum.
 """
 from __future__ import annotations
 
@@ -52,3 +54,21 @@ def test_empty_list_attributes_convert_like_onnx_reference(case):
     assert actual.dtype == torch.from_numpy(np.asarray(expected)).dtype
     np.testing.assert_allclose(actual.numpy(), expected, rtol=1e-6, atol=0)
     assert actual.shape == tuple(np.asarray(expected).shape)
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_scaled_sum_as_orts_kernel(count):
+    """com.microsoft::ScaledSum, written by ORT's training graph optimizations (ORT has only
+    a CUDA kernel, so the reference is its kernel's formula: sum of input_i * scale_i)."""
+    node = helper.make_node("ScaledSum", [f"x{i}" for i in range(count)], ["y"], domain="com.microsoft",
+                            scale_0=0.5, scale_1=-2.0, **({"scale_2": 3.0} if count == 3 else {}))
+    inputs = [helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [2, 3]) for i in range(count)]
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    module = build_graph_module(graph, {"": 17, "com.microsoft": 1}, [f"x{i}" for i in range(count)], ["y"],
+                                "test model", "ort", True)
+    values = [torch.randn(2, 3, requires_grad=True) for _ in range(count)]
+    actual = module(*values)[0]
+    expected = sum(v * s for v, s in zip(values, [0.5, -2.0, 3.0]))
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+    actual.sum().backward()
+    assert [float(v.grad[0, 0]) for v in values] == [0.5, -2.0, 3.0][:count]
