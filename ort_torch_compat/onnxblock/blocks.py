@@ -17,6 +17,7 @@ from typing import Any, Iterator, List, Optional
 
 import numpy as np
 import onnx
+from onnx import external_data_helper
 
 from . import _graph_utils
 from . import model_accessor as accessor
@@ -30,7 +31,8 @@ __all__ = [
 
 @contextlib.contextmanager
 def _saved_with_external_data(model: onnx.ModelProto) -> Iterator[str]:
-    """The model written to a temp directory with its tensors in one external file.
+    """The model written to a temp directory with its tensors in one external file (the
+    model keeps its tensors).
 
     The checker and shape inference need a path for models above protobuf's 2 GB limit.
     onnxruntime-training writes ``temp.onnx`` into the working directory; a private temp
@@ -38,8 +40,13 @@ def _saved_with_external_data(model: onnx.ModelProto) -> Iterator[str]:
     """
     with tempfile.TemporaryDirectory(prefix="onnxblock-") as directory:
         path = os.path.join(directory, "model.onnx")
+        # onnx moves the tensors into the external file *in the model itself*: read them back
+        # before the directory goes, or the model would point at a deleted file.
         onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location="model.onnx.data")
-        yield path
+        try:
+            yield path
+        finally:
+            external_data_helper.load_external_data_for_model(model, directory)
 
 
 class Block(ABC):
