@@ -21,6 +21,8 @@ import runpy
 import sys
 from typing import List, Optional, Sequence
 
+from . import __version__
+
 PROG = "ort-torch-compat"
 CHECKPOINT_FILE = "checkpoint"
 TRAINING_MODEL_FILE = "training_model.onnx"
@@ -53,6 +55,19 @@ def run(target: str, args: Sequence[str] = (), *, module: bool = False) -> None:
     runpy.run_path(target, run_name="__main__")
 
 
+def _module_exists(name: str) -> bool:
+    """Whether `run -m NAME` would find a module (the current directory searched first, as `python -m`)."""
+    import importlib.util
+
+    sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package that does not exist, or an empty name
+        return False
+    finally:
+        sys.path.pop(0)
+
+
 def _run_command(argv: List[str]) -> int:
     if not argv:
         print(_RUN_USAGE, file=sys.stderr)
@@ -68,6 +83,10 @@ def _run_command(argv: List[str]) -> int:
             print(f"{PROG} run: error: -m needs a MODULE", file=sys.stderr)
             return 2
         target, rest = argv[1], argv[2:]
+        if not _module_exists(target):
+            print(f"{PROG} run: error: no module named '{target}' (looked in {os.getcwd()} and sys.path)",
+                  file=sys.stderr)
+            return 1
     else:
         target, rest = argv[0], argv[1:]
         if not os.path.exists(target):
@@ -96,7 +115,9 @@ def _to_torch(args: argparse.Namespace) -> int:
     from .migrate.state_dict import checkpoint_to_file
 
     tensors = checkpoint_to_file(args.checkpoint, args.out, include_optimizer=args.optimizer, progress=_progress())
-    print(f"wrote {len(tensors)} tensors to {args.out}")
+    kind = "safetensors" if str(args.out).endswith(".safetensors") else \
+        "a torch.save pickle; .safetensors holds no code, prefer it for files you share"
+    print(f"wrote {len(tensors)} tensors to {args.out} ({kind})")
     return 0
 
 
@@ -191,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Run onnxruntime-training scripts and artifacts on PyTorch; "
                                             "convert ORT checkpoints to and from PyTorch state dicts.")
     parser.add_argument("--traceback", action="store_true", help="show the full traceback on errors")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 

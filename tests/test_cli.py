@@ -85,3 +85,53 @@ def test_console_script_is_installed(tmp_path):
     assert result.stderr == ""  # piped: no progress output
     result = subprocess.run([command, "from-torch"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
+
+
+@pytest.mark.parametrize("entry", [["-m", "ort_torch_compat"], ["-c", "from ort_torch_compat.cli import main; "
+                                                                     "raise SystemExit(main())"]])
+def test_version_on_both_entry_points(entry):
+    from ort_torch_compat import __version__
+
+    done = subprocess.run([sys.executable, *entry, "--version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == f"ort-torch-compat {__version__}"
+
+
+def test_run_of_a_missing_module_is_one_line(capsys):
+    assert main(["run", "-m", "nope.module"]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "no module named 'nope.module'" in error and "Traceback" not in error
+
+
+def test_files_that_are_not_checkpoints_are_named_for_what_they_are(tmp_path, capsys):
+    torch.save({"w": torch.zeros(2)}, tmp_path / "weights.pt")
+    cases = {ROOT / "tests" / "fixtures" / "mlp_ce_adamw_op17" / "training_model.onnx": "looks like an ONNX model",
+             tmp_path / "weights.pt": "zip archive (a PyTorch .pt file?)"}
+    for path, guess in cases.items():
+        assert main(["inspect", str(path)]) == 1
+        assert guess in capsys.readouterr().err
+
+
+def test_to_torch_says_when_it_writes_a_pickle(tmp_path, capsys):
+    assert main(["to-torch", str(CODEC / "artifact_checkpoint"), str(tmp_path / "model.bin")]) == 0
+    assert "a torch.save pickle" in capsys.readouterr().out
+    assert main(["to-torch", str(CODEC / "artifact_checkpoint"), str(tmp_path / "model.safetensors")]) == 0
+    assert "(safetensors)" in capsys.readouterr().out
+
+
+def test_api_without_torch_says_what_to_install(tmp_path):
+    blocker = tmp_path / "torch.py"
+    blocker.write_text("raise ImportError(\"No module named 'torch'\")\n")
+    done = subprocess.run([sys.executable, "-c", "import ort_torch_compat.api"], capture_output=True, text=True,
+                          timeout=60, env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 1 and "pip install torch" in done.stderr and "ort_torch_compat.artifacts" in done.stderr
+
+
+def test_a_wrong_parameter_value_names_the_parameter():
+    from ort_torch_compat.api import CheckpointState
+
+    state = CheckpointState.load_checkpoint(ARTIFACTS / "checkpoint")
+    with pytest.raises(RuntimeError, match=r"Parameter data shape mismatch\. Expected: \{16, 2\}, Got: \{3, 3\}\. "
+                                           r"Parameter '0\.weight' takes a numpy array of shape \(16, 2\)"):
+        state.parameters["0.weight"] = np.zeros((3, 3), np.float32)
+    with pytest.raises(RuntimeError, match=r"type mismatch\. Expected: float32, Got: float64\. .*astype\(np\.float32\)"):
+        state.parameters["0.weight"] = np.zeros((16, 2), np.float64)

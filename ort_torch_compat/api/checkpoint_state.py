@@ -16,7 +16,7 @@ import torch
 from ..engine import TrainingState, load_state, save_state
 from ..engine.state import ParameterSlot, PropertyValue, numpy_to_torch, torch_to_numpy
 from ..engine.training_engine import LOAD_HINT
-from ..errors import NominalStateError
+from ..errors import InvalidArgumentError, NominalStateError
 
 # ORT 1.19.2's messages, verbatim (tests/fixtures/edges); our hint follows as a new sentence.
 NOMINAL_GET = "Cannot get parameter from a nominal state. Please load the parameter states first"
@@ -34,14 +34,17 @@ def _assign(slot: ParameterSlot, value: np.ndarray) -> None:
     if slot.tensor is None:
         raise NominalStateError(NOMINAL_SET + _LOAD_HINT)
     expected_shape = tuple(slot.tensor.shape)
+    # ORT's text first (code may match it), then which parameter and what to pass.
+    hint = (f". Parameter '{slot.name}' takes a numpy array of shape {expected_shape} and dtype "
+            f"{slot.numpy_dtype} (e.g. value.astype(np.{slot.numpy_dtype}))")
     if array.shape != expected_shape:
-        raise RuntimeError(
+        raise InvalidArgumentError(
             f"Parameter data shape mismatch. Expected: {{{', '.join(map(str, expected_shape))}}}, "
-            f"Got: {{{', '.join(map(str, array.shape))}}}"
+            f"Got: {{{', '.join(map(str, array.shape))}}}" + hint
         )
     if array.dtype != slot.numpy_dtype:
-        raise RuntimeError(
-            f"Parameter data type mismatch. Expected: {slot.numpy_dtype}, Got: {array.dtype}"
+        raise InvalidArgumentError(
+            f"Parameter data type mismatch. Expected: {slot.numpy_dtype}, Got: {array.dtype}" + hint
         )
     with torch.no_grad():
         slot.tensor.copy_(numpy_to_torch(array))

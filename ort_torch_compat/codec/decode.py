@@ -473,6 +473,20 @@ def _properties(r: _Reader, t: _Table) -> Dict[str, PropertyValue]:
     return out
 
 
+def _what_it_is(head) -> str:
+    """A guess at what a file that is not a checkpoint is, for the error message."""
+    start = bytes(head[:9])
+    if start[4:8] == b"ORTM":
+        return ": this is an ORT-format model (.ort), not a checkpoint; pass the artifacts' `checkpoint` file"
+    if start[:1] == b"\x08":
+        return ": this looks like an ONNX model (protobuf), not a checkpoint; pass the artifacts' `checkpoint` file"
+    if start[:4] == b"PK\x03\x04":
+        return ": this is a zip archive (a PyTorch .pt file?); convert it with `ort-torch-compat from-torch`"
+    if start[:1] == b"{" or start[8:9] == b"{":
+        return ": this looks like JSON or a safetensors file; convert it with `ort-torch-compat from-torch`"
+    return ""
+
+
 def _root(r: _Reader) -> _Table:
     """Check the header, identifier and version; return the verified root table."""
     if r.n == 0:
@@ -481,7 +495,7 @@ def _root(r: _Reader) -> _Table:
         raise r.fail(f"truncated: {r.n} bytes is too short for the 8-byte flatbuffers header")
     ident = bytes(r.buf[4:8])
     if ident != FILE_IDENTIFIER:
-        raise r.fail(f"wrong file identifier {ident!r} (expected {FILE_IDENTIFIER!r})")
+        raise r.fail(f"wrong file identifier {ident!r} (expected {FILE_IDENTIFIER!r}){_what_it_is(r.buf[0:min(r.n, 9)])}")
     root = r.table(r.deref(0, "root offset"), "checkpoint")
     version = r.scalar(root, 0, _I32, 0, "version")
     if version != SUPPORTED_VERSION:
