@@ -364,14 +364,17 @@ def table(report: dict, markdown: bool = False) -> str:
                              f"{row['setup_s']:.2f}", f"{row['first_ms']:.0f}",
                              f"{compile_s:.0f}" if backend == "ours" and compile_s else "",
                              f"{row['import_s']:.2f}", f"{row['peak_rss_mb']:.0f}"])
+    return _render(columns, rows, markdown)
+
+
+def _render(columns: list, rows: list, markdown: bool) -> str:
+    """A markdown table, or right-aligned plain columns for the console."""
     if markdown:
         lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-        return "\n".join(lines)
+        return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
     widths = [max(len(str(c)) for c in [col] + [r[i] for r in rows]) for i, col in enumerate(columns)]
     lines = ["  ".join(str(c).rjust(w) for c, w in zip(columns, widths))]
-    lines += ["  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in rows]
-    return "\n".join(lines)
+    return "\n".join(lines + ["  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in rows])
 
 
 def fresh_table(report: dict, markdown: bool = False) -> str:
@@ -390,12 +393,7 @@ def fresh_table(report: dict, markdown: bool = False) -> str:
                              f"{row['steps'] / ort['steps']:.2f}" if ort.get("steps") else "-",
                              f"{row['ready_s']:.1f}", f"{row['median_ms']:.2f}", f"{row['max_ms']:.1f}",
                              f"{row['switch_step']:.0f}" if row.get("switch_step") else "-"])
-    if markdown:
-        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
-    widths = [max(len(str(c)) for c in [col] + [r[i] for r in rows]) for i, col in enumerate(columns)]
-    lines = ["  ".join(str(c).rjust(w) for c, w in zip(columns, widths))]
-    return "\n".join(lines + ["  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in rows])
+    return _render(columns, rows, markdown)
 
 
 def conditions(report: dict) -> str:
