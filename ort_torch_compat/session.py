@@ -151,7 +151,8 @@ class TrainingSession:
     `device` is "cpu", "cuda" or "cuda:N".  Of `session_options` (ORT's, or any object
     with the same attributes) the engine uses `intra_op_num_threads` (its thread count; 0:
     measured), `graph_optimization_level` ORT_DISABLE_ALL (no compiled train steps) and the
-    config entry "ort_torch_compat.compile" ("auto", "on", "off"); see README, Performance.
+    config entries "ort_torch_compat.compile" ("auto", "on", "off") and
+    "ort_torch_compat.use_tf32" ("1": TF32 on CUDA; default float32); see README, Performance.
 
     Lifecycle: `release()` (`ReleaseTrainingSession`, C# `Dispose`) or a `with` block; any
     later call raises `ort_torch_compat.errors.ReleasedError`.  Releasing the session does not

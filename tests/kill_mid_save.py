@@ -162,6 +162,11 @@ def main(root: str) -> dict:
     # A kill loses no page cache, so fsync only has to stay a counted boundary; the real
     # call would make this test wait on the disk for nothing.
     os.fsync = lambda fd: None
+    # Ctrl-C raises KeyboardInterrupt in the children, however this process was started: a
+    # process started in the background by a non-interactive shell (`cmd &`, nohup, some CI
+    # runners) inherits SIGINT ignored, and Python then installs no handler for it, so the
+    # SIGINT cases would see saves run to the end instead of being interrupted.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     failures, cases = [], 0
     scenarios = {"pair->pair": OLD, "file->pair": INLINE_OLD, "none->pair": None}
     for scenario, old in scenarios.items():

@@ -13,6 +13,7 @@ ORT's names (`a`, `Moment_1_a`, `Update_Count_a`, `Step`...).
 """
 from __future__ import annotations
 
+import functools
 import zlib
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -110,18 +111,49 @@ def run_session(scenario: Dict[str, Any]) -> Dict[str, np.ndarray]:
     return trajectory
 
 
+@functools.lru_cache(maxsize=None)
+def ort_kernel_missing(optimizer: str) -> Optional[str]:
+    """None when the installed onnxruntime runs the com.microsoft `optimizer` CPU kernel, else
+    why not.  Only onnxruntime-training builds have the training kernels (SGDOptimizer,
+    AdamOptimizer); the plain `onnxruntime` package imports fine and refuses the node."""
+    if optimizer == "LambOptimizer":
+        return "ORT had no CPU LambOptimizer kernel (only CUDA)"
+    try:
+        import onnxruntime
+    except ImportError:
+        return "onnxruntime is not installed"
+    shape = [2]
+    inputs = [("lr", TensorProto.FLOAT, [1]), ("w", TensorProto.FLOAT, shape), ("g", TensorProto.FLOAT, shape)]
+    outputs = [("w_out", TensorProto.FLOAT, shape)]
+    if optimizer == "AdamOptimizer":
+        inputs[1:1] = [("count", TensorProto.INT64, [1])]
+        inputs += [("m1", TensorProto.FLOAT, shape), ("m2", TensorProto.FLOAT, shape)]
+        outputs = [("count_out", TensorProto.INT64, [1]), ("m1_out", TensorProto.FLOAT, shape),
+                   ("m2_out", TensorProto.FLOAT, shape)] + outputs
+    node = helper.make_node(optimizer, [i[0] for i in inputs], [o[0] for o in outputs], domain="com.microsoft")
+    graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info(*i) for i in inputs],
+                              [helper.make_tensor_value_info(*o) for o in outputs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    try:
+        onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception as error:  # onnxruntime's own exception types
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return (f"onnxruntime {onnxruntime.__version__} has no com.microsoft {optimizer} CPU kernel "
+                f"(onnxruntime-training builds have it): {first_line[:200]}")
+    return None
+
+
 def run_ort_cpu_kernels(scenario: Dict[str, Any]) -> Optional[Dict[str, np.ndarray]]:
     """The scenario through ONNX Runtime's own CPU SGDOptimizer / AdamOptimizer kernels (one
     node per weight, as the legacy graph builder made them: Adam gets the global gradient
     norm when clipping is on), the accumulated gradients averaged in float32 as the legacy
-    optimizer graph does.  None for Lamb (ORT had no CPU kernel) or when onnxruntime is not
-    installed."""
-    if scenario["optimizer"] == "LambOptimizer":
+    optimizer graph does.  None where the installed onnxruntime lacks the kernel (Lamb: ORT
+    had no CPU kernel; the plain `onnxruntime` package: no training kernels) or is absent;
+    `ort_kernel_missing` says why."""
+    if ort_kernel_missing(scenario["optimizer"]):
         return None
-    try:
-        import onnxruntime
-    except ImportError:
-        return None
+    import onnxruntime
     adam = scenario["optimizer"] == "AdamOptimizer"
     clip = scenario.get("clip", True)
     sessions = {}

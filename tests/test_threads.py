@@ -50,6 +50,9 @@ def test_an_explicit_count_applies_inside_and_the_callers_count_after(two_thread
 
 def test_the_measured_choice_follows_step_times(two_threads, monkeypatch):
     monkeypatch.setattr(threads, "_MIN_RETRY_INTERVAL_S", 0.0)
+    # re-try after one step's time, not 50: on a loaded machine a step's sleep overshoots
+    # and 50x of it outlasted the 12 steps below (the choice never got re-tried)
+    monkeypatch.setattr(threads, "_RETRY_SHARE", 1.0)
     policy = ThreadPolicy()
     slow_count = [2]
 

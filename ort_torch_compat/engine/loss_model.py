@@ -11,7 +11,7 @@ overrides them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 import onnx
@@ -34,9 +34,10 @@ class LossModel:
     defaults: Dict[str, torch.Tensor]     # values of the overridable initializers
     label: str
 
-    def engine(self, device: str) -> TrainingEngine:
-        """A TrainingEngine over the model, fed with the current values of `state`."""
-        return TrainingEngine.over_graph(self.state, self.model, self.io, self.label, device)
+    def engine(self, device: str, use_tf32: Optional[bool] = None) -> TrainingEngine:
+        """A TrainingEngine over the model, fed with the current values of `state`
+        (`use_tf32`: see `TrainingEngine`)."""
+        return TrainingEngine.over_graph(self.state, self.model, self.io, self.label, device, use_tf32=use_tf32)
 
 
 def loss_model(model: onnx.ModelProto, weights: Sequence[str], loss: str, label: str) -> LossModel:

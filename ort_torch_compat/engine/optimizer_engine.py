@@ -17,6 +17,7 @@ from ..errors import ModelMismatchError, NominalStateError
 from ..optim import OptimizerSpec, adamw_step, linear_lr_factor, parse_optimizer_model, sgd_step
 from .checkpoint_io import moment_mismatch
 from .model_io import ModelSource, describe, load_model
+from .precision import with_precision
 from .state import OptimizerState
 from .threads import threaded
 from .training_engine import LOAD_HINT, NOMINAL_OPTIMIZER, TrainingEngine
@@ -50,6 +51,8 @@ class OptimizerEngine:
         if problem:
             raise ModelMismatchError(f"checkpoint state cannot be used with {name}: {problem}")
         self._groups: Optional[List[Tuple[List[torch.Tensor], List[List[torch.Tensor]]]]] = None
+        if engine.tf32 is not None:  # CUDA: the engine's TF32 setting (precision.py); CPU: unwrapped
+            self.step = with_precision(self.step, engine.tf32)
 
     # ---- moments ----------------------------------------------------------------------
     def _materialize(self) -> List[Tuple[List[torch.Tensor], List[List[torch.Tensor]]]]:

@@ -20,6 +20,7 @@ from .host_allocator import tune_host_allocator
 from .io_spec import BatchCheck, StepInput, check_inputs, names
 from .model_io import ModelSource, describe, load_model
 from .parameter_store import ParameterStore
+from .precision import precision_of, with_precision
 from .state import TrainingState
 from .step_failure import raise_explained
 from .string_inputs import StringCasts
@@ -44,7 +45,10 @@ class TrainingEngine:
     `gradients`: "ort" (default) reproduces ONNX Runtime 1.19.2's gradients where they differ
     from the derivative of its own forward (inactive Dropout with a ratio input scales by
     1/(1 - ratio), and the others in graph.gradient_quirks); "exact" differentiates the forward.
-    `session_options`: the thread count and compilation setting (see `threads`, `compiled`).
+    `session_options`: the thread count, compilation setting and TF32 opt-in (see `threads`,
+    `compiled`, `precision`).  `use_tf32`: True/False overrides the options' TF32 opt-in (the
+    legacy session passes its CUDA provider option).  On CUDA the steps run without TF32
+    unless it is opted in; on CPU nothing is switched.
     """
 
     def __init__(
@@ -55,24 +59,27 @@ class TrainingEngine:
         device: str = "cpu",
         gradients: str = "ort",
         session_options: object = None,
+        use_tf32: Optional[bool] = None,
     ):
         label = f"training model {describe(train_model, 'training model')}"
         proto = load_model(train_model, "training model")
         self._setup(state, proto, training_io(proto, state, label), label, eval_model, device, gradients,
-                    session_options)
+                    session_options, use_tf32)
 
     @classmethod
     def over_graph(cls, state: TrainingState, model: onnx.ModelProto, io: GraphIO, label: str,
-                   device: str = "cpu", gradients: str = "ort", session_options: object = None) -> "TrainingEngine":
+                   device: str = "cpu", gradients: str = "ort", session_options: object = None,
+                   use_tf32: Optional[bool] = None) -> "TrainingEngine":
         """An engine over any model whose inputs `io` already classifies (`io.outputs[0]` is the
         loss), with no eval model: the entry point for models that are not ORT training
         artifacts, such as the legacy session's loss-in-graph model (see `loss_model.py`)."""
         engine = cls.__new__(cls)
-        engine._setup(state, model, io, label, None, device, gradients, session_options)
+        engine._setup(state, model, io, label, None, device, gradients, session_options, use_tf32)
         return engine
 
     def _setup(self, state: TrainingState, train_proto: onnx.ModelProto, train_io: GraphIO, train_label: str,
-               eval_model: Optional[ModelSource], device: str, gradients: str, session_options: object) -> None:
+               eval_model: Optional[ModelSource], device: str, gradients: str, session_options: object,
+               use_tf32: Optional[bool] = None) -> None:
         from ..graph import GRADIENT_MODES  # onnx2torch and the converters: with the first model
 
         if gradients not in GRADIENT_MODES:
@@ -80,6 +87,12 @@ class TrainingEngine:
         self.state = state
         self.device = parse_device(device)
         self.threads = ThreadPolicy(thread_setting(session_options))
+        # CUDA: float32 (TF32 off) unless opted in, switched around each step (precision.py);
+        # None on CPU, where the steps stay unwrapped (no per-step cost)
+        self.tf32 = precision_of(self.device, session_options, use_tf32=use_tf32)
+        if self.tf32 is not None:
+            self.train_step = with_precision(self.train_step, self.tf32)
+            self.eval_step = with_precision(self.eval_step, self.tf32)
         tune_host_allocator()
         self.train_label = train_label
         self.train_io = train_io

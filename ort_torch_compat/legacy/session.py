@@ -22,11 +22,13 @@ import torch
 from ..engine.io_spec import check_inputs, onnx_type_name
 from ..engine.loss_model import LossModel, loss_model
 from ..engine.model_io import describe, load_model
+from ..engine.precision import tf32_requested, with_precision
 from ..errors import InvalidInputError, ModelLoadError, ModelMismatchError
 from ..optim import Lamb
 from ..values import OrtValue, to_numpy, to_tensor
 from .optimizers import OPTIMIZERS, build_optimizer
-from .session_info import ModelMetadata, NodeArg, SessionOptions, resolve_providers, session_config_entry
+from .session_info import (GPU_PROVIDERS, ModelMetadata, NodeArg, SessionOptions, resolve_providers,
+                           session_config_entry)
 from .training_parameters import DDP_HINT, MIXED_PRECISION_FIELDS, MULTI_NODE_FIELDS, TrainingParameters
 from .weights import select_weights
 
@@ -87,18 +89,21 @@ class TrainingSession:
         self._weight_names = set(self._weights)
         self._model: LossModel = loss_model(model, self._weights, self._loss, label)
         del model, graph, initializers
-        self._start(device)  # converts the graph now: unsupported operators fail at construction
+        # converts the graph now: unsupported operators fail at construction
+        self._start(device, _tf32(self._sess_options, self._providers, self._provider_options))
         self._apply_initial_state(params.optimizer_initial_state)
 
-    def _start(self, device: torch.device) -> None:
-        """(Re)create the engine and the optimizer on `device` from the current weight values."""
+    def _start(self, device: torch.device, use_tf32: bool) -> None:
+        """(Re)create the engine and the optimizer on `device` from the current weight values;
+        on CUDA their steps run with TF32 only where `use_tf32` (engine/precision.py)."""
         self._device = device
-        self._engine = self._model.engine(str(device))
+        self._engine = self._model.engine(str(device), use_tf32)
         self._input_specs = {spec.name: spec for spec in self._engine.train_io.user_inputs}
         self._defaults = {name: t.to(device) for name, t in self._model.defaults.items()}
         weights = {w: self._weight(w) for w in self._weights}
         self._optimizer = build_optimizer(self._optimizer_name, weights, self._parameters) \
             if self._optimizer_name and weights else None
+        self._optimizer_step = with_precision(self._optimizer.step, self._engine.tf32) if self._optimizer else None
         self._accumulated = 0
 
     def _weight(self, name: str) -> torch.Tensor:
@@ -144,7 +149,7 @@ class TrainingSession:
             self._engine.scale_gradients(float(np.float32(1.0) / np.float32(self._accumulation_steps)))
         for group in self._optimizer.param_groups:
             group["lr"] = lr
-        self._optimizer.step()
+        self._optimizer_step()
 
     def run_with_ort_values(self, output_names, input_dict_ort_values, run_options=None):
         """`run` taking and returning OrtValues (ort_torch_compat.api.OrtValue)."""
@@ -315,7 +320,7 @@ class TrainingSession:
         update) to another provider's device."""
         names, options, device = resolve_providers(providers, provider_options)
         state, grads, accumulated = self.get_state(), self._engine.gradients(), self._accumulated
-        self._start(device)
+        self._start(device, _tf32(self._sess_options, names, options))
         self.load_state(state)
         if accumulated:
             self._engine.continue_accumulation(grads)
@@ -366,6 +371,13 @@ def _check_supported(params: TrainingParameters) -> None:
         if getattr(params, field):
             warnings.warn(f"TrainingParameters.{field} is ignored: no ORT training graph exists to be saved",
                           RuntimeWarning, stacklevel=3)
+
+
+def _tf32(sess_options: Any, providers: List[str], options: List[Dict[str, str]]) -> bool:
+    """TF32 asked for: the CUDA provider's own `use_tf32` option (when a GPU provider was
+    chosen), else the config entry "ort_torch_compat.use_tf32"; else float32."""
+    gpu_options = options[0] if providers and providers[0] in GPU_PROVIDERS else None
+    return tf32_requested(sess_options, gpu_options)
 
 
 def _load(source, sess_options) -> onnx.ModelProto:
