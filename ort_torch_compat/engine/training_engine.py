@@ -14,7 +14,7 @@ import torch
 
 from ..errors import InvalidInputError, ModelLoadError, NominalStateError
 from .device import parse_device
-from .graph_module import build_module, frozen_parameters
+from .graph_module import build_module, direct_calls, frozen_parameters
 from .compiled import TrainStepRunner
 from .host_allocator import tune_host_allocator
 from .io_spec import BatchCheck, StepInput, check_inputs, names
@@ -90,10 +90,12 @@ class TrainingEngine:
                                          self.train_strings.fed_names, gradients, training=True,
                                          buffers=frozen_parameters(self.train_io, state)).to(self.device).train()
         self.train_runner = TrainStepRunner(self.train_module, self.train_label, self.device, session_options)
+        self._train_direct = direct_calls(self.train_module)  # what an eager step runs (see `_forward`)
 
         self.eval_source = eval_model
         self.eval_io: Optional[GraphIO] = None
         self.eval_module: Optional[torch.nn.Module] = None
+        self._eval_direct: Optional[torch.nn.Module] = None
         self.eval_strings: Optional[StringCasts] = None
         if eval_model is not None:
             eval_label = f"eval model {describe(eval_model, 'eval model')}"
@@ -106,19 +108,30 @@ class TrainingEngine:
             self.eval_module = build_module(self.eval_strings.model, self.eval_io, eval_label,
                                             self.eval_strings.fed_names, gradients,
                                             buffers=frozen_parameters(self.eval_io, state)).to(self.device).eval()
+            self._eval_direct = direct_calls(self.eval_module)
 
         self.store = ParameterStore(state, self.train_io.param_names(), shapes, self.device)
         self._train_params = [state.parameters[n].tensor for n in self.train_io.param_names()]
         self._eval_params = [state.parameters[n].tensor for n in (self.eval_io.param_names() if self.eval_io else [])]
         self._accumulate = False
+        self._checked: Dict[str, tuple] = {}  # step -> signature of the last inputs that passed the checks
 
     # ---- steps -----------------------------------------------------------------------
     def _feeds(self, inputs: Sequence[StepInput], io: GraphIO, batch: BatchCheck, strings: StringCasts,
                step: str) -> List[torch.Tensor]:
         """The module's user feeds on this device, after the checks ORT makes (types, fixed
-        dims, one batch size); string inputs parsed by their Cast nodes."""
-        check_inputs(io.user_inputs, inputs, step)
-        batch(inputs, step)
+        dims, one batch size); string inputs parsed by their Cast nodes.
+
+        The checks depend on nothing but each input's type, dtype and shape: inputs with the
+        signature of the last ones that passed (a training loop's usual case) skip them."""
+        try:
+            signature = tuple((type(t), t.dtype, t.shape) for t in inputs)
+        except AttributeError:  # not an array: the checks say what is wrong
+            signature = None
+        if signature is None or signature != self._checked.get(step):
+            check_inputs(io.user_inputs, inputs, step)
+            batch(inputs, step)
+            self._checked[step] = signature
         tensors = strings.feeds(inputs, step)
         fed = strings.fed_names
         return [t if t.device == self.device else self._move(t, fed[i]) for i, t in enumerate(tensors)]
@@ -146,7 +159,7 @@ class TrainingEngine:
                 self.store.release_grads()
             try:
                 with torch.enable_grad():
-                    outputs = self.train_runner(*feeds, *self._train_params)
+                    outputs = self._forward(feeds)
                     loss = outputs[0]
                     if loss.requires_grad:
                         loss.backward(torch.ones_like(loss) if loss.dim() else None)
@@ -163,6 +176,13 @@ class TrainingEngine:
         self._accumulate = True
         return [out.detach() for out in outputs]
 
+    def _forward(self, feeds: List[torch.Tensor]):
+        """The train module's outputs: through the runner while it may compile or run compiled
+        code, else (compilation off, refused, not CPU) the direct-call graph."""
+        if getattr(self.train_runner, "_state", None) == "eager":  # the runner would just call the module
+            return self._train_direct(*feeds, *self._train_params)
+        return self.train_runner(*feeds, *self._train_params)
+
     @threaded(lambda engine: engine.threads)
     def eval_step(self, inputs: Sequence[StepInput]) -> List[torch.Tensor]:
         if self.eval_module is None:
@@ -172,7 +192,7 @@ class TrainingEngine:
         feeds = self._feeds(inputs, self.eval_io, self._eval_batch, self.eval_strings, "eval step")
         try:
             with torch.no_grad():
-                return list(self.eval_module(*feeds, *self._eval_params))
+                return list(self._eval_direct(*feeds, *self._eval_params))
         except Exception as error:
             raise_explained(error, self.eval_module, [*feeds, *self._eval_params], self.eval_strings.fed_from,
                             "eval step")
