@@ -141,3 +141,16 @@ def test_unusual_recurrent_settings_keep_the_time_loop():
     assert not Recurrent("LSTM", 4, "forward", 0, 0, 3, [torch.tanh, torch.tanh, torch.tanh], None, False).native
     assert not Recurrent("GRU", 4, "forward", 0, 0, 2, [torch.sigmoid, torch.tanh], None, False).native  # lbr 0
     assert not Recurrent("RNN", 4, "forward", 0, 0, 2, [torch.tanh], None, False).native
+
+
+def test_a_trace_for_the_compiler_keeps_the_time_loop():
+    """The compiler traces the loop (Inductor fuses it), never oneDNN's RNN op."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    module = Recurrent("LSTM", 4, "forward", 0, 0, 3, [torch.sigmoid, torch.tanh, torch.tanh], None, False)
+    x, w, r = torch.randn(3, 2, 5), torch.randn(1, 16, 5), torch.randn(1, 16, 4)
+    with dense_kernel.plain_aten_kernels():
+        traced = make_fx(lambda *a: module(*a))(x, w, r)
+    targets = {str(node.target) for node in traced.graph.nodes}
+    assert not any("rnn" in t or "lstm" in t for t in targets)
+    assert any("sigmoid" in t for t in targets)

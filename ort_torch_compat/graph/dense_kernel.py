@@ -72,6 +72,12 @@ def plain_aten_kernels() -> Iterator[None]:
         _plain_aten = previous
 
 
+def plain_aten_active() -> bool:
+    """Whether the graph is being traced for the compiler (inside `plain_aten_kernels`):
+    converters with a faster eager kernel (recurrent.py) then trace their plain form."""
+    return _plain_aten
+
+
 def _onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
     return (
         _ONEDNN is not None

@@ -5,8 +5,9 @@ Exporters write a dense layer on 3-D activations as `MatMul(x, W)` (often with
 whole output.  `MatMul(x, W) + b` with a 2-D `W` and a 1-D `b` becomes one `addmm`, and
 `MatMul(x, Transpose(weight)) + b` one `linear` (see converters/fused.py), which is how
 PyTorch runs its own Linear layers; so does `MatMul(x, Transpose(weight))` without a bias
-(one node and one view fewer per layer: at on-device sizes the per-node cost is the step).  Only exact rewrites live here: the fused kernel computes the
-same sum, in the same order up to float rounding.
+(one node fewer per layer: at on-device sizes the per-node cost is the step).  Only exact
+rewrites live here: the fused kernel computes the same sum, in the same order up to float
+rounding.
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ CPU, runs as torch's own recurrent op instead (`_native`: the weights' gate bloc
 reordered to torch's layout; one kernel per direction forward and backward, where the loop
 runs ~12 autograd ops per time step).  Same equations, float32 rounding apart (measured:
 outputs and gradients within 2e-6 relative of the loop); 2.1x faster (LSTM, 8 steps,
-hidden 32) to 2.4x (bidirectional) per forward+backward at on-device sizes."""
+hidden 32) to 2.4x (bidirectional) per forward+backward at on-device sizes.  A trace for the
+compiler (graph/specialize.py) keeps the loop, which Inductor fuses."""
 from __future__ import annotations
 
 from typing import Callable, List, Optional, Sequence
@@ -18,6 +19,7 @@ from typing import Callable, List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..dense_kernel import plain_aten_active
 from ..registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
@@ -76,7 +78,8 @@ class Recurrent(OnnxModule):
             initial_h = None if initial_h is None else initial_h.transpose(0, 1)
             initial_c = None if initial_c is None else initial_c.transpose(0, 1)
         if (self.native and sequence_lens is None and p is None and x.device.type == "cpu"
-                and x.dtype in (torch.float32, torch.float64) and w.dtype == x.dtype and r.dtype == x.dtype):
+                and x.dtype in (torch.float32, torch.float64) and w.dtype == x.dtype and r.dtype == x.dtype
+                and not plain_aten_active()):
             return self._native(x, w, r, b, initial_h, initial_c)
         seq, batch = x.shape[0], x.shape[1]
         gates = _GATES[self.cell]
