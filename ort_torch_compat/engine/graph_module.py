@@ -7,6 +7,7 @@ builds its graphs here, so they convert the same way.
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import torch
@@ -37,14 +38,16 @@ def build_module(model: "onnx.ModelProto", io: GraphIO, label: str, fed_names: O
     return build_graph_module(graph, opset_map(model), input_names, io.outputs, label, gradients, training)
 
 
-def _named_call(forward, name: str):
-    """`forward` as a function of this module named after the node's module: fx's generated
-    code refers to a target from a torch module (nn.ReLU's forward) by its import path."""
+class _NodeCall(functools.partial):
+    """A node's converter `forward` under the node's module name, in this module: fx's
+    generated code refers to a target from a torch module (nn.ReLU's forward) by its import
+    path, so bound methods cannot be targets as they are; a partial costs no Python frame."""
 
-    def call(*args, **kwargs):
-        return forward(*args, **kwargs)
 
+def _named_call(forward, name: str) -> _NodeCall:
+    call = _NodeCall(forward)
     call.__name__ = call.__qualname__ = name
+    call.__module__ = __name__
     return call
 
 

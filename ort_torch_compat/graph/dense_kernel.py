@@ -82,13 +82,13 @@ def _onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
     return (
         _ONEDNN is not None
         and not _plain_aten
+        and weight.dim() == 2
+        and x.numel() * weight.shape[0] >= ONEDNN_MIN_MACS  # first: the usual "no" at on-device sizes
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
-        and weight.dim() == 2
         and x.dim() >= 2
         and (bias is None or (bias.dim() == 1 and bias.dtype == torch.float32))
-        and x.numel() * weight.shape[0] >= ONEDNN_MIN_MACS
     )
 
 
