@@ -67,12 +67,15 @@ def _checkpoint(directory: pathlib.Path) -> pathlib.Path:
 
 
 def _inputs(directory: pathlib.Path, module) -> list:
-    """Inputs from spec.json where there is one, else from the training model's declared shapes
-    (symbolic dims: 2)."""
+    """The test scenario's first batch where there is a spec.json (tests/scenario.py), else
+    inputs from the training model's declared shapes (symbolic dims: 2)."""
     rng = np.random.default_rng(0)
     spec_path = directory / "spec.json"
     if spec_path.exists():
-        specs = json.loads(spec_path.read_text())["inputs"]
+        from tests.scenario import make_batch
+
+        batch = make_batch(json.loads(spec_path.read_text()), 1, 0)
+        return [np.ascontiguousarray(batch[name]) for name in module.input_names()]
     else:
         import onnx
 
