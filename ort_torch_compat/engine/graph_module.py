@@ -54,7 +54,8 @@ def _named_call(forward, name: str) -> _NodeCall:
 def direct_calls(module: torch.nn.Module) -> torch.nn.Module:
     """`module`'s computation with each node's converter `forward` called directly, not
     through `nn.Module.__call__` (hook dispatch and the attribute lookup of the submodule:
-    ~1.7 us a node, 5% of a train step of a 100-node graph at on-device sizes).
+    ~1.7 us a node; measured 7-20% of forward+backward of the real-architecture fixtures at
+    on-device sizes, see docs/design.md "Per-step cost (eager)").
 
     The converter modules are shared, not copied (their state, BatchNorm running stats
     included, is the original's); the original stays what the compiler keys and traces and
