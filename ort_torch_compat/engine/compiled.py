@@ -43,7 +43,7 @@ import shutil
 import threading
 import time
 import warnings
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import fx
@@ -458,11 +458,14 @@ class TrainStepRunner:
     """Calls the converted train module, or its compiled form when the setting and the cache allow.
 
     `runner(*feeds, *params)` returns what `module(*feeds, *params)` returns.  `recipe`
-    rebuilds the module in the compile worker's process."""
+    rebuilds the module in the compile worker's process; `eager` (default: the module)
+    computes the same as the module and runs the steps that are not compiled (the engine
+    passes `graph_module.direct_calls(module)`)."""
 
     def __init__(self, module: fx.GraphModule, recipe: "ModuleRecipe", device: torch.device,
-                 session_options: object = None):
+                 session_options: object = None, eager: Optional[Callable] = None):
         self.module = module
+        self.eager = module if eager is None else eager
         self.recipe = recipe
         self.label = recipe.label
         self.setting = compile_setting(session_options)
@@ -493,7 +496,7 @@ class TrainStepRunner:
             self._load(self._directory, self._meta)  # between two steps: no eager step is in flight
         if self._state == "compiled" and _signature(tensors) == self._signature:
             return self.compiled(tensors)
-        return self.module(*tensors)
+        return self.eager(*tensors)
 
     def _first(self, tensors: Sequence[torch.Tensor]) -> None:
         self._signature = _signature(tensors)

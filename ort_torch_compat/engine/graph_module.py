@@ -7,6 +7,7 @@ builds its graphs here, so they convert the same way.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, List, Optional, Sequence
 
@@ -57,6 +58,48 @@ class ModuleRecipe:
         module = build_module(self.model, self.io, self.label, self.fed_names, self.gradients, self.training,
                               self.buffers)
         return module.train(self.training)
+
+
+class _NodeCall(functools.partial):
+    """A node's converter `forward` under the node's module name, in this module: fx's
+    generated code refers to a target from a torch module (nn.ReLU's forward) by its import
+    path, so bound methods cannot be targets as they are; a partial costs no Python frame."""
+
+
+def _named_call(forward, name: str) -> _NodeCall:
+    call = _NodeCall(forward)
+    call.__name__ = call.__qualname__ = name
+    call.__module__ = __name__
+    return call
+
+
+def direct_calls(module: torch.nn.Module) -> torch.nn.Module:
+    """`module`'s computation with each node's converter `forward` called directly, not
+    through `nn.Module.__call__` (hook dispatch and the attribute lookup of the submodule:
+    ~1.7 us a node; measured 7-20% of forward+backward of the real-architecture fixtures at
+    on-device sizes, see docs/design.md "Per-step cost (eager)").
+
+    The converter modules are shared, not copied (their state, BatchNorm running stats
+    included, is the original's); the original stays what the compiler keys and traces and
+    what a failed step is explained on.  Anything but a GraphModule without hooks comes back
+    as is."""
+    from torch import fx
+
+    if not isinstance(module, fx.GraphModule):
+        return module
+    graph = fx.Graph()
+    env = {}
+    for node in module.graph.nodes:
+        target = module.get_submodule(node.target) if node.op == "call_module" else None
+        if target is not None and not (target._forward_hooks or target._forward_pre_hooks):
+            env[node] = graph.call_function(_named_call(target.forward, node.target),
+                                            fx.map_arg(node.args, env.__getitem__),
+                                            fx.map_arg(node.kwargs, env.__getitem__))
+        else:
+            env[node] = graph.node_copy(node, env.__getitem__)
+    direct = fx.GraphModule(module, graph, class_name=type(module).__name__)
+    direct.train(module.training)
+    return direct
 
 
 def frozen_parameters(io: GraphIO, state: TrainingState) -> List[str]:

@@ -14,7 +14,7 @@ import torch
 
 from ..errors import InvalidInputError, ModelLoadError, NominalStateError
 from .device import parse_device
-from .graph_module import ModuleRecipe, build_module, frozen_parameters
+from .graph_module import ModuleRecipe, build_module, direct_calls, frozen_parameters
 from .compiled import TrainStepRunner
 from .host_allocator import tune_host_allocator
 from .io_spec import BatchCheck, StepInput, check_inputs, names
@@ -103,11 +103,14 @@ class TrainingEngine:
                                     self.train_strings.fed_names, gradients, training=True,
                                     buffers=tuple(frozen_parameters(self.train_io, state)))
         self.train_module = train_recipe.build().to(self.device)
-        self.train_runner = TrainStepRunner(self.train_module, train_recipe, self.device, session_options)
+        # Eager steps run the direct-call graph; the runner keys, traces and compiles the module.
+        self.train_runner = TrainStepRunner(self.train_module, train_recipe, self.device, session_options,
+                                            eager=direct_calls(self.train_module))
 
         self.eval_source = eval_model
         self.eval_io: Optional[GraphIO] = None
         self.eval_module: Optional[torch.nn.Module] = None
+        self._eval_direct: Optional[torch.nn.Module] = None
         self.eval_strings: Optional[StringCasts] = None
         if eval_model is not None:
             eval_label = f"eval model {describe(eval_model, 'eval model')}"
@@ -120,19 +123,30 @@ class TrainingEngine:
             self.eval_module = build_module(self.eval_strings.model, self.eval_io, eval_label,
                                             self.eval_strings.fed_names, gradients,
                                             buffers=frozen_parameters(self.eval_io, state)).to(self.device).eval()
+            self._eval_direct = direct_calls(self.eval_module)
 
         self.store = ParameterStore(state, self.train_io.param_names(), shapes, self.device)
         self._train_params = [state.parameters[n].tensor for n in self.train_io.param_names()]
         self._eval_params = [state.parameters[n].tensor for n in (self.eval_io.param_names() if self.eval_io else [])]
         self._accumulate = False
+        self._checked: Dict[str, tuple] = {}  # step -> signature of the last inputs that passed the checks
 
     # ---- steps -----------------------------------------------------------------------
     def _feeds(self, inputs: Sequence[StepInput], io: GraphIO, batch: BatchCheck, strings: StringCasts,
                step: str) -> List[torch.Tensor]:
         """The module's user feeds on this device, after the checks ORT makes (types, fixed
-        dims, one batch size); string inputs parsed by their Cast nodes."""
-        check_inputs(io.user_inputs, inputs, step)
-        batch(inputs, step)
+        dims, one batch size); string inputs parsed by their Cast nodes.
+
+        The checks depend on nothing but each input's type, dtype and shape: inputs with the
+        signature of the last ones that passed (a training loop's usual case) skip them."""
+        try:
+            signature = tuple((type(t), t.dtype, t.shape) for t in inputs)
+        except AttributeError:  # not an array: the checks say what is wrong
+            signature = None
+        if signature is None or signature != self._checked.get(step):
+            check_inputs(io.user_inputs, inputs, step)
+            batch(inputs, step)
+            self._checked[step] = signature
         tensors = strings.feeds(inputs, step)
         fed = strings.fed_names
         return [t if t.device == self.device else self._move(t, fed[i]) for i, t in enumerate(tensors)]
@@ -192,7 +206,7 @@ class TrainingEngine:
         feeds = self._feeds(inputs, self.eval_io, self._eval_batch, self.eval_strings, "eval step")
         try:
             with torch.no_grad():
-                return list(self.eval_module(*feeds, *self._eval_params))
+                return list(self._eval_direct(*feeds, *self._eval_params))
         except Exception as error:
             raise_explained(error, self.eval_module, [*feeds, *self._eval_params], self.eval_strings.fed_from,
                             "eval step")

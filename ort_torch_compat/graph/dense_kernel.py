@@ -9,6 +9,14 @@ backward products, through oneDNN's matmul (`torch.ops.mkldnn._linear_pointwise`
 TorchInductor uses), and falls back to `F.linear` wherever that op is unavailable or the
 tensors are not float32 CPU tensors.  Results are float32 GEMMs either way; only the
 summation order differs.
+
+Small products stay on `F.linear`: oneDNN's op builds its primitive on every call (the
+weight is fed, not prepacked), ~20-25 us of fixed cost, where MKL's small GEMM costs
+3-10 us in all (measured on a Xeon, 1 thread: 16x32x32 24 us vs 3.6 us; 64x128x128
+46 vs 22; from 128x256x256, 8M multiply-adds, the two are within 15%).  At on-device sizes
+(batch 2-4, sequence 8-16) every dense layer is that small, and the fixed cost was a third
+of a train step.  So oneDNN serves products of at least `ONEDNN_MIN_MACS` multiply-adds,
+where its fixed cost is amortized (and, on AMD, its faster GEMM wins).
 """
 from __future__ import annotations
 
@@ -18,6 +26,7 @@ from typing import Iterator, Optional
 import torch
 import torch.nn.functional as F
 
+ONEDNN_MIN_MACS = 1 << 22  # rows * in * out below which MKL's small-GEMM path is cheaper (see above)
 _ONEDNN = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
 
 
@@ -63,14 +72,21 @@ def plain_aten_kernels() -> Iterator[None]:
         _plain_aten = previous
 
 
+def plain_aten_active() -> bool:
+    """Whether the graph is being traced for the compiler (inside `plain_aten_kernels`):
+    converters with a faster eager kernel (recurrent.py) then trace their plain form."""
+    return _plain_aten
+
+
 def _onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
     return (
         _ONEDNN is not None
         and not _plain_aten
+        and weight.dim() == 2
+        and x.numel() * weight.shape[0] >= ONEDNN_MIN_MACS  # first: the usual "no" at on-device sizes
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
-        and weight.dim() == 2
         and x.dim() >= 2
         and (bias is None or (bias.dim() == 1 and bias.dtype == torch.float32))
     )

@@ -4,8 +4,10 @@ Exporters write a dense layer on 3-D activations as `MatMul(x, W)` (often with
 `W = Transpose(weight)`) then `Add(., b)`: two or three kernels and extra passes over the
 whole output.  `MatMul(x, W) + b` with a 2-D `W` and a 1-D `b` becomes one `addmm`, and
 `MatMul(x, Transpose(weight)) + b` one `linear` (see converters/fused.py), which is how
-PyTorch runs its own Linear layers.  Only exact rewrites live here: the fused kernel computes the
-same sum, in the same order up to float rounding.
+PyTorch runs its own Linear layers; so does `MatMul(x, Transpose(weight))` without a bias
+(one node fewer per layer: at on-device sizes the per-node cost is the step).  Only exact
+rewrites live here: the fused kernel computes the same sum, in the same order up to float
+rounding.
 """
 from __future__ import annotations
 
@@ -79,4 +81,18 @@ def fuse_matmul_bias(graph: onnx.GraphProto) -> List[onnx.NodeProto]:
             if op == "LinearBias":
                 dropped.add(transpose_index)
             break
+    # MatMul(x, Transpose(weight)) without a bias (Llama's, T5's projections): one `linear`,
+    # which computes matmul(x, weight.t()) itself; the Transpose node goes.
+    for index, node in enumerate(nodes):
+        if index in replaced or node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+            continue
+        weight = node.input[1]
+        transpose_index = by_output.get(weight)
+        if transpose_index is None or transpose_index in dropped:
+            continue
+        transpose = nodes[transpose_index]
+        if _is_matrix_transpose(transpose, shapes) and consumers[weight] == 1 and weight not in outputs:
+            replaced[index] = onnx.helper.make_node("Linear", [node.input[0], transpose.input[0]], [node.output[0]],
+                                                    name=node.name, domain=FUSED_DOMAIN)
+            dropped.add(transpose_index)
     return [replaced.get(i, node) for i, node in enumerate(nodes) if i not in dropped]

@@ -33,6 +33,18 @@ def _linear_bias(node: OnnxNode, graph: OnnxGraph):
     return result(LinearBias(), node)
 
 
+class Linear(OnnxModule):
+    """x @ weight^T (the exporter's MatMul(x, Transpose(weight))) as torch's linear."""
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return linear(x, weight)
+
+
+@register("Linear", 1, domain=FUSED_DOMAIN)
+def _linear(node: OnnxNode, graph: OnnxGraph):
+    return result(Linear(), node)
+
+
 class Identity(OnnxModule):
     """ONNX Identity.  onnx2torch clones (for its quantization passes); nothing here
     mutates activations in place, so the tensor itself is passed on."""

@@ -55,10 +55,9 @@ class NllLoss(OnnxModule):
         """Weighted mean over the counted labels, 0 (not torch's NaN) when none counts."""
         total = F.nll_loss(log_prob, labels, weights, ignore_index=self.ignore_index, reduction="sum")
         counted = labels != self.ignore_index
-        if weights is None:
-            mass = counted.sum().to(total.dtype)
-        else:
-            mass = (weights[labels.clamp(0, weights.shape[0] - 1)] * counted).sum()
+        if weights is None:  # an integer count: dividing by max(count, 1) is the same (total is 0 at 0), 3 ops fewer
+            return total / counted.sum().clamp_(min=1)
+        mass = (weights[labels.clamp(0, weights.shape[0] - 1)] * counted).sum()
         return total / torch.where(mass == 0, torch.ones_like(mass), mass)
 
 
