@@ -48,7 +48,7 @@ def test_the_direct_call_graph_gives_the_modules_outputs_and_gradients_bit_for_b
     assert all(torch.equal(a, b) for a, b in zip(out_a, out_b))
     assert all(torch.equal(a, b) for a, b in zip(grad_a, grad_b))
     assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)
-    assert not any(node.op == "call_module" for node in engine._train_direct.graph.nodes)
+    assert not any(node.op == "call_module" for node in engine.train_runner.eager.graph.nodes)
 
 
 def test_cached_input_checks_still_refuse_a_bad_input_after_good_ones():

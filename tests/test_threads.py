@@ -37,8 +37,8 @@ def _module(intra_op_num_threads: int = 0):
 def test_an_explicit_count_applies_inside_and_the_callers_count_after(two_threads, monkeypatch):
     module, optimizer, feeds = _module(intra_op_num_threads=1)
     seen = []
-    graph = module._engine._train_direct  # what the eager train step calls (engine/graph_module.direct_calls)
-    monkeypatch.setattr(module._engine, "_train_direct", lambda *t: seen.append(torch.get_num_threads()) or graph(*t))
+    graph = module._engine.train_runner.eager  # what the eager train step calls (engine/graph_module.direct_calls)
+    monkeypatch.setattr(module._engine.train_runner, "eager", lambda *t: seen.append(torch.get_num_threads()) or graph(*t))
     module(*feeds)
     optimizer.step()
     module.eval()
