@@ -158,9 +158,9 @@ def _observe(module, monkeypatch) -> list:
     """Record the TF32 flags inside the train step's graph, the eval step's graph and the optimizer kernel."""
     seen = []
     engine = module._engine
-    train_graph, eval_graph, adamw = engine.train_runner.module, engine.eval_module, optimizer_engine.adamw_step
-    monkeypatch.setattr(engine.train_runner, "module", lambda *t: seen.append(("train", tf32_in_effect())) or train_graph(*t))
-    monkeypatch.setattr(engine, "eval_module", lambda *t: seen.append(("eval", tf32_in_effect())) or eval_graph(*t))
+    train_graph, eval_graph, adamw = engine.train_runner.eager, engine._eval_direct, optimizer_engine.adamw_step
+    monkeypatch.setattr(engine.train_runner, "eager", lambda *t: seen.append(("train", tf32_in_effect())) or train_graph(*t))
+    monkeypatch.setattr(engine, "_eval_direct", lambda *t: seen.append(("eval", tf32_in_effect())) or eval_graph(*t))
     monkeypatch.setattr(optimizer_engine, "adamw_step", lambda *a, **k: seen.append(("optimizer", tf32_in_effect())) or adamw(*a, **k))
     return seen
 
@@ -275,8 +275,8 @@ def test_legacy_cuda_provider_option_use_tf32(as_cuda, monkeypatch, model_bytes,
                               None if sess_options is None else _config(sess_options))
     assert session._engine.tf32 is tf32
     seen = []
-    train_graph = session._engine.train_runner.module
-    monkeypatch.setattr(session._engine.train_runner, "module",
+    train_graph = session._engine.train_runner.eager
+    monkeypatch.setattr(session._engine.train_runner, "eager",
                         lambda *t: seen.append(("train", tf32_in_effect())) or train_graph(*t))
     session._optimizer.register_step_pre_hook(lambda *args: seen.append(("optimizer", tf32_in_effect())))
     torch.backends.cuda.matmul.allow_tf32 = not tf32

@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import gzip
 import json
+import os
 import pathlib
 import shutil
 
@@ -38,7 +39,7 @@ import onnx
 import pytest
 import torch
 
-import ort_torch_compat.api as ours
+import ort_torch_compat.api as ours_on_cpu
 from ort_torch_compat.graph import UnsupportedOperatorError
 from ort_torch_compat.graph import registry
 from tests.conftest import FIXTURES
@@ -47,6 +48,23 @@ from tests.parity_rule import CondensedRecord, for_fixture, judge, unpack
 from tests.scenario import fill_values, make_batch, run_scenario
 
 REAL_ARCH = FIXTURES / "real_arch"
+# ORT_TORCH_COMPAT_TEST_DEVICE=cuda runs our side on a GPU against the same CPU references
+# (scripts/gpu_check.sh): the parity tolerances hold there too (TF32 is off, engine/precision.py).
+DEVICE = os.environ.get("ORT_TORCH_COMPAT_TEST_DEVICE", "cpu")
+
+
+class _OursOnDevice:
+    """ort_torch_compat.api with every Module on DEVICE."""
+
+    def __getattr__(self, name):
+        return getattr(ours_on_cpu, name)
+
+    @staticmethod
+    def Module(*args, **kwargs):  # noqa: N802  (the API's name)
+        return ours_on_cpu.Module(*args, device=DEVICE, **kwargs)
+
+
+ours = _OursOnDevice() if DEVICE != "cpu" else ours_on_cpu
 CASES = sorted(p.name for p in REAL_ARCH.iterdir() if (p / "spec.json").exists()) if REAL_ARCH.exists() else []
 
 
