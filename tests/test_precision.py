@@ -197,7 +197,7 @@ def test_cuda_engine_restores_after_a_failing_step(as_cuda, monkeypatch):
         inside.append(tf32_in_effect())
         raise RuntimeError("the kernel failed")
 
-    monkeypatch.setattr(module._engine.train_runner, "module", failing)
+    monkeypatch.setattr(module._engine.train_runner, "eager", failing)
     monkeypatch.setattr(module._engine, "train_module", failing)  # what the failure explanation re-runs
     with pytest.raises(Exception, match="the kernel failed"):
         module(*feeds)
