@@ -1,0 +1,240 @@
+"""Hostile ORT-format files: damaged, truncated, or built to abuse the format's offsets.
+
+Fuzz targets (derandomized in CI; ORT_TORCH_COMPAT_FUZZ_EXAMPLES sets the count for a long
+local run): every committed .ort fixture, mutated (bytes overwritten, extreme 32-bit words
+written over offsets and vector lengths, cut), read by `load_model(bytes)`; the only allowed
+outcomes are a `ModelLoadError` or a model no bigger than a small multiple of the file (no
+amplification), within a second.  The training models also build a `Module` and train one
+step, or fail with the library's error family (as tests/test_fuzz_models.py for ONNX).
+
+Crafted files (written with the flatbuffers Builder and the slots of ORT's schema): a vector
+whose length claims 4 G elements, one initializer referenced 100 000 times (a 400 KB file that
+would expand to 100 GB), offsets pointing past the end, a node consuming its own output,
+fused nodes, external data, sparse-tensor attributes, unknown attribute kinds.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import time
+import warnings
+
+import flatbuffers
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ort_torch_compat.api as api
+from ort_torch_compat.engine.model_io import load_model
+from ort_torch_compat.errors import ModelLoadError, OrtTorchCompatError
+from tests.conftest import FIXTURES
+
+ORT_FORMAT = FIXTURES / "ort_format"
+SEEDS = {str(p.relative_to(ORT_FORMAT)): p.read_bytes() for p in sorted(ORT_FORMAT.rglob("*.ort"))}
+SEED_NAMES = sorted(SEEDS)
+TRAINING_SEEDS = [name for name in SEED_NAMES if name.endswith("/training_model.ort")]
+STATES = {name: api.CheckpointState.load_checkpoint(FIXTURES / name.split("/")[0] / "checkpoint")
+          for name in TRAINING_SEEDS}
+EXAMPLES = int(os.environ.get("ORT_TORCH_COMPAT_FUZZ_EXAMPLES", "300"))
+WORDS = [0, 1, 4, 8, 0x7F, 0xFF, 0x7FFF, 0xFFFF, 0x7FFFFFFF, 0x80000000, 0xFFFFFFF0, 0xFFFFFFFF]
+
+mutation = st.one_of(
+    st.tuples(st.just("byte"), st.integers(0, 10**7), st.integers(0, 255)),
+    st.tuples(st.just("word"), st.integers(0, 10**7), st.sampled_from(WORDS)),
+    st.tuples(st.just("cut"), st.integers(0, 10**7), st.just(0)),
+)
+
+
+def mutate(data: bytes, steps) -> bytes:
+    buf = bytearray(data)
+    for kind, position, value in steps:
+        position %= len(buf)
+        if kind == "byte":
+            buf[position] = value
+        elif kind == "word":
+            buf[position:position + 4] = value.to_bytes(4, "little")
+        else:
+            del buf[position:]
+        if not buf:
+            break
+    return bytes(buf)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(st.sampled_from(SEED_NAMES), st.lists(mutation, min_size=1, max_size=3))
+def test_fuzzed_ort_files_load_or_fail_cleanly(seed, steps):
+    data = mutate(SEEDS[seed], steps)
+    started = time.perf_counter()
+    try:
+        model = load_model(data, "model")
+    except ModelLoadError:
+        pass
+    else:
+        assert model.ByteSize() <= 16 * len(data) + 65536
+    assert time.perf_counter() - started < 1.0
+
+
+def _feeds(module: api.Module) -> list:
+    return [np.ones([d if isinstance(d, int) and d > 0 else 2 for d in (spec.shape or ())],
+                    dtype=np.float32 if spec.elem_type == 1 else np.int64) for spec in module._engine.train_io.user_inputs]
+
+
+@settings(max_examples=max(EXAMPLES // 3, 1), deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(st.sampled_from(TRAINING_SEEDS), st.lists(mutation, min_size=1, max_size=3))
+def test_fuzzed_ort_training_models_build_or_fail_cleanly(seed, steps):
+    data = mutate(SEEDS[seed], steps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            module = api.Module(data, STATES[seed])
+        except OrtTorchCompatError:
+            return
+        try:
+            module(*_feeds(module))
+        except OrtTorchCompatError:
+            return
+
+
+# -- crafted files ------------------------------------------------------------------------------
+# Slots (vtable offset = 4 + 2 * slot) of ORT 1.19's ort.fbs, as in its generated bindings.
+class _Build:
+    def __init__(self):
+        self.b = flatbuffers.Builder(1024)
+
+    def string(self, text):
+        return self.b.CreateString(text)
+
+    def strings(self, texts):
+        offsets = [self.string(t) for t in texts]
+        return self.offsets(offsets)
+
+    def offsets(self, offsets):
+        self.b.StartVector(4, len(offsets), 4)
+        for offset in reversed(offsets):
+            self.b.PrependUOffsetTRelative(offset)
+        return self.b.EndVector()
+
+    def int64s(self, values):
+        self.b.StartVector(8, len(values), 8)
+        for value in reversed(values):
+            self.b.PrependInt64(value)
+        return self.b.EndVector()
+
+    def table(self, fields):
+        """fields: (slot, kind, value) with kind "off", "i32", "i64", "f32", "u8"."""
+        self.b.StartObject(16)
+        for slot, kind, value in fields:
+            if kind == "off":
+                self.b.PrependUOffsetTRelativeSlot(slot, value, 0)
+            elif kind == "i32":
+                self.b.PrependInt32Slot(slot, value, 0)
+            elif kind == "i64":
+                self.b.PrependInt64Slot(slot, value, 0 if value != 0 else 1)
+            elif kind == "u8":
+                self.b.PrependUint8Slot(slot, value, 0)
+        return self.b.EndObject()
+
+    def tensor(self, name, dims, raw, external=None):
+        fields = [(0, "off", self.string(name)), (2, "off", self.int64s(dims)), (3, "i32", 1)]
+        if raw is not None:
+            fields.append((4, "off", self.b.CreateByteVector(raw)))
+        if external is not None:
+            fields.append((6, "i64", external))
+        return self.table(fields)
+
+    def node(self, op, inputs, outputs, attributes=(), fused=False):
+        fields = [(0, "off", self.string(f"n_{op}")), (5, "off", self.string(op)),
+                  (8, "off", self.strings(inputs)), (9, "off", self.strings(outputs))]
+        if attributes:
+            fields.append((10, "off", self.offsets(list(attributes))))
+        if fused:
+            fields.append((6, "i32", 1))
+        return self.table(fields)
+
+    def finish(self, nodes=(), initializers=(), inputs=("x",), outputs=("y",), version="6"):
+        graph = self.table([(0, "off", self.offsets(list(initializers))), (2, "off", self.offsets(list(nodes))),
+                            (5, "off", self.strings(inputs)), (6, "off", self.strings(outputs))])
+        opset = self.table([(0, "off", self.string("")), (1, "i64", 17)])
+        model = self.table([(0, "i64", 8), (1, "off", self.offsets([opset])), (7, "off", graph)])
+        session = self.table([(0, "off", self.string(version)), (1, "off", model)])
+        self.b.Finish(session, file_identifier=b"ORTM")
+        return bytes(self.b.Output())
+
+
+def _refused(data: bytes, match: str) -> None:
+    with pytest.raises(ModelLoadError, match=match):
+        load_model(data, "model")
+
+
+def test_a_well_formed_crafted_file_loads():
+    build = _Build()
+    weight = build.tensor("w", [2], np.array([1.0, 2.0], np.float32).tobytes())
+    node = build.node("Add", ["x", "w"], ["y"])
+    model = load_model(build.finish([node], [weight]), "model")
+    assert [n.op_type for n in model.graph.node] == ["Add"]
+    assert list(model.graph.initializer[0].dims) == [2]
+
+
+def test_one_initializer_referenced_many_times_is_not_expanded():
+    build = _Build()
+    weight = build.tensor("w", [16384], bytes(65536))
+    data = build.finish([build.node("Identity", ["x"], ["y"])], [weight] * 100_000)
+    assert len(data) < 600_000  # would expand to 6.5 GB of initializers
+    started = time.perf_counter()
+    _refused(data, "refers to more data than it holds")
+    assert time.perf_counter() - started < 5
+
+
+def test_absurd_vector_length_is_refused():
+    build = _Build()
+    data = bytearray(build.finish([build.node("Identity", ["x"], ["y"])]))
+    at = data.find(b"Identity") - 4  # the string's length word
+    data[at:at + 4] = struct.pack("<I", 0xFFFFFFF0)
+    _refused(bytes(data), "outside the")
+
+
+@pytest.mark.parametrize("word", [0x7FFFFFFF, 0xFFFFFFFF, 0x100])
+def test_offsets_out_of_range_are_refused(word):
+    build = _Build()
+    data = bytearray(build.finish([build.node("Identity", ["x"], ["y"])]))
+    data[0:4] = struct.pack("<I", word)  # the root offset
+    _refused(bytes(data), "ORT-format model")
+
+
+def test_a_node_consuming_its_own_output_is_a_cycle():
+    build = _Build()
+    data = build.finish([build.node("Add", ["x", "y"], ["y"])])
+    _refused(data, "cycle")
+
+
+def test_fused_nodes_external_data_and_sparse_attributes_are_refused():
+    build = _Build()
+    _refused(build.finish([build.node("Relu", ["x"], ["y"], fused=True)]), "fused node")
+    build = _Build()
+    weight = build.tensor("w", [2], None, external=0)
+    _refused(build.finish([build.node("Add", ["x", "w"], ["y"])], [weight]), "external_data_offset")
+    for kind, match in ((11, "sparse-tensor attribute"), (12, "sparse-tensor attribute"), (99, "unknown attribute")):
+        build = _Build()
+        attribute = build.table([(0, "off", build.string("a")), (2, "i32", kind)])
+        _refused(build.finish([build.node("Relu", ["x"], ["y"], [attribute])]), match)
+
+
+def test_tensor_data_must_match_dims():
+    build = _Build()
+    weight = build.tensor("w", [3], bytes(8))
+    _refused(build.finish([build.node("Add", ["x", "w"], ["y"])], [weight]), r"declares dims \[3\]")
+    build = _Build()
+    weight = build.tensor("w", [-1], b"")
+    _refused(build.finish([build.node("Add", ["x", "w"], ["y"])], [weight]), "negative dimension")
+    build = _Build()
+    weight = build.tensor("w", [1 << 40, 1 << 40], b"")
+    _refused(build.finish([build.node("Add", ["x", "w"], ["y"])], [weight]), "declares dims")
+
+
+def test_damaged_text_is_refused():
+    build = _Build()
+    data = bytearray(build.finish([build.node("Identity", ["x"], ["y"])]))
+    at = data.find(b"Identity")
+    data[at] = 0xFF
+    _refused(bytes(data), "not valid UTF-8")
