@@ -270,3 +270,39 @@ def test_reader_does_not_import_torch_or_onnxruntime():
 def test_read_ort_model_needs_the_identifier():
     with pytest.raises(ValueError, match="ORTM"):
         read_ort_model(b"\x08\x08" + b"\x00" * 20)
+
+
+def test_generate_artifacts_ort_format_writes_ort_models_that_train_like_the_onnx_ones(tmp_path):
+    pytest.importorskip("onnxruntime.tools.convert_onnx_models_to_ort")
+    from tests.test_artifacts_api import generate, tiny_model
+
+    folder = generate(tmp_path, tiny_model(), ort_format=True)
+    for model in MODELS:
+        assert is_ort_format((folder / f"{model}.ort").read_bytes())
+        assert (folder / f"{model}.onnx").exists()
+    rng = np.random.default_rng(0)
+    x, y = rng.random((4, 3), dtype=np.float32), rng.random((4, 2), dtype=np.float32)
+    results = []
+    for suffix in (".onnx", ".ort"):
+        state = ours.CheckpointState.load_checkpoint(folder / "checkpoint")
+        module = ours.Module(folder / f"training_model{suffix}", state, folder / f"eval_model{suffix}")
+        optimizer = ours.Optimizer(folder / f"optimizer_model{suffix}", module)
+        losses = []
+        for _ in range(3):
+            losses.append(float(np.asarray(module(x, y))))
+            optimizer.step()
+            module.lazy_reset_grad()
+        results.append((losses, module.get_contiguous_parameters().numpy().copy()))
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-5, atol=1e-6)
+
+
+def test_generate_artifacts_ort_format_without_onnxruntime_says_what_is_missing(tmp_path, monkeypatch):
+    import sys
+
+    from tests.test_artifacts_api import generate
+
+    monkeypatch.setitem(sys.modules, "onnxruntime.tools.convert_onnx_models_to_ort", None)
+    with pytest.raises(ImportError, match="ort_format=True needs ONNX Runtime's ONNX-to-ORT converter"):
+        generate(tmp_path, ort_format=True)
+    assert list(tmp_path.iterdir()) == []
