@@ -238,3 +238,22 @@ def test_damaged_text_is_refused():
     at = data.find(b"Identity")
     data[at] = 0xFF
     _refused(bytes(data), "not valid UTF-8")
+
+
+def _nested_if(build: _Build, depth: int):
+    """An If node whose then-branch holds an If node ... `depth` levels deep."""
+    inner = build.table([(2, "off", build.offsets([build.node("Identity", ["x"], ["y"])])),
+                         (6, "off", build.strings(["y"]))])
+    for _ in range(depth):
+        attribute = build.table([(0, "off", build.string("then_branch")), (2, "i32", 5), (7, "off", inner)])
+        node = build.node("If", ["c"], ["y"], [attribute])
+        inner = build.table([(2, "off", build.offsets([node])), (6, "off", build.strings(["y"]))])
+    return node
+
+
+def test_subgraph_nesting_is_bounded():
+    build = _Build()
+    model = load_model(build.finish([_nested_if(build, 3)]), "model")
+    assert model.graph.node[0].attribute[0].g.node[0].op_type == "If"
+    build = _Build()
+    _refused(build.finish([_nested_if(build, 40)]), "nested more than 24 deep")

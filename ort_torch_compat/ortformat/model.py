@@ -30,7 +30,10 @@ FILE_IDENTIFIER = b"ORTM"
 # ORT 1.19 (onnxruntime/core/flatbuffers/schema/ort.fbs.h, kOrtModelVersion = 6) loads format
 # versions 5 and 6 (older ones lack kernel type string resolvers and must be re-converted).
 SUPPORTED_VERSIONS = ("5", "6")
-_MAX_DEPTH = 64  # nested subgraphs / sequence-of-sequence types
+# Nested subgraphs / sequence-of-sequence types: each graph level is three protobuf messages
+# deep (NodeProto, AttributeProto, GraphProto) and protobuf parsers stop at 100 levels, so a
+# deeper model could not be serialized and read back by onnx (or ORT) anyway.
+_MAX_DEPTH = 24
 
 
 class OrtFormatError(ValueError):
