@@ -150,7 +150,8 @@ class _Reader:
         value_infos: Dict[str, "onnx.ValueInfoProto"] = {}
         for info in table.tables(6, f"node args of graph '{name}'"):
             value = self._value_info(info, depth)
-            value_infos[value.name] = value
+            if value.name:  # an omitted optional input/output has no value to describe
+                value_infos[value.name] = value
         nodes, implicit = [], []
         for node in table.tables(8, f"nodes of graph '{name}'"):
             nodes.append(self._node(node, depth))
