@@ -257,3 +257,47 @@ def test_subgraph_nesting_is_bounded():
     assert model.graph.node[0].attribute[0].g.node[0].op_type == "If"
     build = _Build()
     _refused(build.finish([_nested_if(build, 40)]), "nested more than 24 deep")
+
+
+def test_attribute_kinds_no_converter_writes_and_map_types_convert():
+    """FLOATS, TENSORS and GRAPHS attributes, string tensors, map and sequence types and
+    symbolic dims (the standard ops of our fixtures use none of these, ORT's schema has them)."""
+    build = _Build()
+    b = build.b
+    b.StartVector(4, 2, 4)
+    for value in (1.5, 2.5):  # prepended: the vector reads [2.5, 1.5]
+        b.PrependFloat32(value)
+    floats = b.EndVector()
+    floats_attribute = build.table([(0, "off", build.string("fs")), (2, "i32", 6), (8, "off", floats)])
+    text = build.table([(0, "off", build.string("s")), (2, "off", build.int64s([2])), (3, "i32", 8),
+                        (5, "off", build.strings(["a", "bc"]))])
+    number = build.tensor("n", [1], np.array([7.0], np.float32).tobytes())
+    tensors_attribute = build.table([(0, "off", build.string("ts")), (2, "i32", 9), (11, "off", build.offsets([text, number]))])
+    branch = build.table([(2, "off", build.offsets([build.node("Identity", ["x"], ["z"])])), (6, "off", build.strings(["z"]))])
+    graphs_attribute = build.table([(0, "off", build.string("gs")), (2, "i32", 10), (12, "off", build.offsets([branch, branch]))])
+    node = build.node("Custom", ["x"], ["y"], [floats_attribute, tensors_attribute, graphs_attribute])
+    # y: map(int64 -> sequence(tensor(float)[N, 3]))
+    dims = [build.table([(0, "off", build.table([(0, "u8", 2), (2, "off", build.string("N"))]))]),
+            build.table([(0, "off", build.table([(0, "u8", 1), (1, "i64", 3)]))])]
+    shape = build.table([(0, "off", build.offsets(dims))])
+    tensor_type = build.table([(0, "i32", 1), (1, "off", shape)])
+    tensor_info = build.table([(1, "u8", 1), (2, "off", tensor_type)])
+    sequence_info = build.table([(1, "u8", 2), (2, "off", build.table([(0, "off", tensor_info)]))])
+    map_info = build.table([(1, "u8", 3), (2, "off", build.table([(0, "i32", 7), (1, "off", sequence_info)]))])
+    value = build.table([(0, "off", build.string("y")), (2, "off", map_info)])
+    graph = build.table([(1, "off", build.offsets([value])), (2, "off", build.offsets([node])),
+                         (5, "off", build.strings(["x"])), (6, "off", build.strings(["y"]))])
+    opset = build.table([(0, "off", build.string("")), (1, "i64", 17)])
+    model = build.table([(0, "i64", 8), (1, "off", build.offsets([opset])), (7, "off", graph)])
+    b.Finish(build.table([(0, "off", build.string("6")), (1, "off", model)]), file_identifier=b"ORTM")
+    converted = load_model(bytes(b.Output()), "model")
+    attributes = {a.name: a for a in converted.graph.node[0].attribute}
+    assert list(attributes["fs"].floats) == [2.5, 1.5]
+    assert list(attributes["ts"].tensors[0].string_data) == [b"a", b"bc"]
+    assert attributes["ts"].tensors[1].raw_data == np.array([7.0], np.float32).tobytes()
+    assert [g.node[0].op_type for g in attributes["gs"].graphs] == ["Identity", "Identity"]
+    output = converted.graph.output[0].type.map_type
+    assert output.key_type == 7
+    element = output.value_type.sequence_type.elem_type.tensor_type
+    assert element.elem_type == 1
+    assert [(d.dim_param, d.dim_value) for d in element.shape.dim] == [("N", 0), ("", 3)]
