@@ -198,6 +198,12 @@ def test_cli_export_takes_an_ort_only_folder(tmp_path, capsys):
     assert main(["export", str(folder), str(out)]) == 0
     assert "wrote" in capsys.readouterr().out
     onnx.checker.check_model(onnx.load(out))
+    from ort_torch_compat.cli import _model_file
+
+    assert _model_file(str(folder), None, "training") == str(folder / "training_model.ort")  # export and compile
+    assert _model_file(str(folder), "other.onnx", "training") == str(folder / "other.onnx")
+    shutil.copy(FIXTURES / "mlp_mse_adamw_op17" / "training_model.onnx", folder)
+    assert _model_file(str(folder), None, "training") == str(folder / "training_model.onnx")  # .onnx first
     (folder / "eval_model.ort").unlink()
     assert main(["export", str(folder), str(tmp_path / "again.onnx")]) == 1
     assert "eval_model.onnx' does not exist (nor its .ort form)" in capsys.readouterr().err
