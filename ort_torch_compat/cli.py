@@ -27,6 +27,18 @@ PROG = "ort-torch-compat"
 CHECKPOINT_FILE = "checkpoint"
 TRAINING_MODEL_FILE = "training_model.onnx"
 EVAL_MODEL_FILE = "eval_model.onnx"
+# Without --training-model / --eval-model: the .onnx file, else ORT's converted .ort file.
+_DEFAULT_MODEL_FILES = {"training": ("training_model.onnx", "training_model.ort"),
+                        "eval": ("eval_model.onnx", "eval_model.ort")}
+
+
+def _model_file(directory: str, given: Optional[str], role: str) -> str:
+    """The model file of `role` in `directory`: the one named, or the default .onnx, or the
+    .ort file convert_onnx_models_to_ort writes when only that one is there."""
+    if given:
+        return os.path.join(directory, given)
+    candidates = [os.path.join(directory, name) for name in _DEFAULT_MODEL_FILES[role]]
+    return next((path for path in candidates if os.path.exists(path)), candidates[0])
 
 _RUN_USAGE = f"usage: {PROG} run [-h] (SCRIPT | -m MODULE) [ARGS...]"
 _RUN_HELP = f"""{_RUN_USAGE}
@@ -137,11 +149,13 @@ def _export(args: argparse.Namespace) -> int:
     directory = args.artifacts_dir
     if not os.path.isdir(directory):
         raise NotADirectoryError(f"artifacts directory '{directory}' does not exist or is not a directory")
-    paths = {role: os.path.join(directory, name) for role, name in
-             (("checkpoint", args.checkpoint), ("training", args.training_model), ("eval", args.eval_model))}
+    paths = {"checkpoint": os.path.join(directory, args.checkpoint),
+             "training": _model_file(directory, args.training_model, "training"),
+             "eval": _model_file(directory, args.eval_model, "eval")}
     for role, path in paths.items():
         if not os.path.exists(path):
-            raise FileNotFoundError(f"{role} file '{path}' does not exist")
+            also = " (nor its .ort form)" if role != "checkpoint" and path.endswith(".onnx") else ""
+            raise FileNotFoundError(f"{role} file '{path}' does not exist{also}")
     with tqdm(total=3, desc="export", leave=False, disable=not sys.stderr.isatty()) as bar:
         from .api import CheckpointState, Module
 
@@ -151,11 +165,9 @@ def _export(args: argparse.Namespace) -> int:
         bar.update()
         outputs = args.outputs
         if not outputs:
-            import onnx
-
             from .engine.export import model_outputs
 
-            eval_proto = onnx.load(paths["eval"], load_external_data=False)
+            eval_proto = _model_structure(paths["eval"])
             roots = [o.name for o in eval_proto.graph.output]
             outputs = model_outputs(eval_proto, roots, f"eval model {paths['eval']}")
         try:
@@ -165,6 +177,20 @@ def _export(args: argparse.Namespace) -> int:
         bar.update()
     print(f"wrote {args.out} (outputs: {', '.join(outputs)})")
     return 0
+
+
+def _model_structure(path: str):
+    """The model at `path` without its external data (ONNX), or converted (ORT format)."""
+    import onnx
+
+    from .engine.model_io import load_model
+    from .ortformat import is_ort_format
+
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+    if is_ort_format(head):
+        return load_model(path, "eval model")
+    return onnx.load(path, load_external_data=False)
 
 
 def _input_shape(text: str):
@@ -189,8 +215,8 @@ def _compile(args: argparse.Namespace) -> int:
         raise NotADirectoryError(f"artifacts directory '{directory}' does not exist or is not a directory")
     shapes = {name: shape for name, shape, _ in args.input}
     dtypes = {name: dtype for name, _, dtype in args.input if dtype}
-    result = precompile(os.path.join(directory, args.training_model), os.path.join(directory, args.checkpoint),
-                        shapes, dtypes)
+    result = precompile(_model_file(directory, args.training_model, "training"),
+                        os.path.join(directory, args.checkpoint), shapes, dtypes)
     if result.status == "compiled":
         print(f"compiled the train step in {result.seconds:.1f} s: {result.directory}")
     elif result.status == "cached":
@@ -247,9 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--outputs", nargs="+", metavar="NAME",
                    help="graph outputs to keep (default: the model outputs the loss consumes)")
     p.add_argument("--checkpoint", default=CHECKPOINT_FILE, help=f"checkpoint file name (default {CHECKPOINT_FILE})")
-    p.add_argument("--eval-model", default=EVAL_MODEL_FILE, help=f"eval model file name (default {EVAL_MODEL_FILE})")
-    p.add_argument("--training-model", default=TRAINING_MODEL_FILE,
-                   help=f"training model file name (default {TRAINING_MODEL_FILE})")
+    p.add_argument("--eval-model", help=f"eval model file name (default {EVAL_MODEL_FILE}, else eval_model.ort)")
+    p.add_argument("--training-model",
+                   help=f"training model file name (default {TRAINING_MODEL_FILE}, else training_model.ort)")
     p.set_defaults(func=_export, files=("artifacts_dir", "out"))
 
     p = commands.add_parser("compile", help="compile the train step ahead of time into the compile cache")
@@ -258,8 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shape of a training-model input, e.g. input_ids=2x8 (repeat for each input; DTYPE "
                         "where the model does not declare one)")
     p.add_argument("--checkpoint", default=CHECKPOINT_FILE, help=f"checkpoint file name (default {CHECKPOINT_FILE})")
-    p.add_argument("--training-model", default=TRAINING_MODEL_FILE,
-                   help=f"training model file name (default {TRAINING_MODEL_FILE})")
+    p.add_argument("--training-model",
+                   help=f"training model file name (default {TRAINING_MODEL_FILE}, else training_model.ort)")
     p.set_defaults(func=_compile, files=("artifacts_dir",))
     return parser
 

@@ -160,8 +160,12 @@ def _ortvalue(api: Any, array: np.ndarray) -> Any:
 
 
 def run_scenario(api: Any, artifacts_dir: "pathlib.Path | str", spec: dict,
-                 out: Optional[MutableMapping[str, np.ndarray]] = None) -> MutableMapping[str, np.ndarray]:
+                 out: Optional[MutableMapping[str, np.ndarray]] = None,
+                 model_suffix: str = ".onnx") -> MutableMapping[str, np.ndarray]:
     """Run the standard training scenario with ``api`` on the artifacts in ``artifacts_dir``.
+
+    ``model_suffix`` picks the models' files: ``training_model{suffix}`` and so on (".ort"
+    for ORT-format artifacts).
 
     Results go into ``out`` (a new dict by default; a mapping that condenses what is stored
     keeps big models' records small, see tests/parity_rule.py).
@@ -176,8 +180,8 @@ def run_scenario(api: Any, artifacts_dir: "pathlib.Path | str", spec: dict,
     eval_names = list(spec.get("eval_inputs", train_names))
     out = {} if out is None else out
 
-    train_model = d / "training_model.onnx"
-    eval_model = d / "eval_model.onnx"
+    train_model = d / f"training_model{model_suffix}"
+    eval_model = d / f"eval_model{model_suffix}"
     if spec.get("fill"):
         state = api.CheckpointState.load_checkpoint(d / "nominal_checkpoint")
         module = api.Module(train_model, state, eval_model)
@@ -199,7 +203,7 @@ def run_scenario(api: Any, artifacts_dir: "pathlib.Path | str", spec: dict,
     else:
         state = api.CheckpointState.load_checkpoint(d / "checkpoint")
         module = api.Module(train_model, state, eval_model)
-    opt = api.Optimizer(d / "optimizer_model.onnx", module)
+    opt = api.Optimizer(d / f"optimizer_model{model_suffix}", module)
     opt.set_learning_rate(float(spec["lr"]))
     out["lr/initial"] = np.array(opt.get_learning_rate(), dtype=np.float64)
 

@@ -105,7 +105,6 @@ def test_ir_version_capped_for_ort_1_19(tmp_path):
     ({"loss": "mse"}, RuntimeError, "Unknown loss provided"),
     ({"optimizer": "adamw"}, TypeError, "Unknown optimizer provided"),
     ({"frozen_params": ["W1"]}, RuntimeError, "cannot be frozen and require gradient"),
-    ({"ort_format": True}, NotImplementedError, "ort_format=True"),
     ({"additional_output_names": "y"}, RuntimeError, "Expected additional output names to be a list"),
     ({"custom_op_library": "/no/such/lib.so"}, RuntimeError, "does not exist"),
     ({"requires_grad": ["W1", "nope"]}, ArtifactGenerationError, r"\['nope'\] are not parameters"),

@@ -127,7 +127,9 @@ def generate_artifacts(
     ``onnxruntime.training.artifacts.generate_artifacts``; the files train on ORT's training
     runtime (and on ``ort_torch_compat.api``) to the numbers ORT's own artifacts give.
     Differences (node names, which ops the backward uses, ORT's fusions left out) are listed
-    in docs/artifacts.md.
+    in docs/artifacts.md.  ``ort_format=True`` also writes each model in ORT format
+    (``training_model.ort`` ...) with ONNX Runtime's converter, as ORT does; it needs the
+    ``onnxruntime`` package.
 
     Raises:
         RuntimeError: an unknown loss, a parameter both frozen and trainable, a bad model argument.
@@ -136,15 +138,13 @@ def generate_artifacts(
             gradient builder (all of them named).
         ArtifactGenerationError: other reasons the model cannot be trained (e.g. a trainable
             parameter that does not reach the loss).
-        NotImplementedError: ``ort_format=True`` (needs ONNX Runtime's model converter).
+        ImportError: ``ort_format=True`` where the ``onnxruntime`` package (its model converter
+            ``onnxruntime.tools.convert_onnx_models_to_ort``) is not importable.
     """
     loaded_model, model_path = _load_model(model)
     loss_block = _loss_block(loss)
     optimizer_block = _optimizer_block(optimizer)
-    if ort_format:
-        raise NotImplementedError(
-            "ort_format=True needs ONNX Runtime's ONNX-to-ORT converter (onnxruntime.tools."
-            "convert_onnx_models_to_ort); generate the .onnx artifacts and convert them where onnxruntime is installed.")
+    convert = _ort_converter() if ort_format else None
     if requires_grad is not None and frozen_params is not None and set(requires_grad) & set(frozen_params):
         raise RuntimeError(
             "A parameter cannot be frozen and require gradient computation at the same "
@@ -194,6 +194,31 @@ def generate_artifacts(
         path = directory / f"{prefix}{name}"
         write(path)
         logger.info("Saved %s", path)
+        if convert is not None and name.endswith(".onnx"):
+            convert(path, directory, custom_op_library)
+
+
+def _ort_converter() -> Callable[[pathlib.Path, pathlib.Path, Optional[Union[str, bytes, os.PathLike]]], None]:
+    """ORT's ``convert_onnx_models_to_ort`` as ORT's generate_artifacts calls it for ``ort_format=True``
+    (Fixed optimization style, next to the .onnx file: ``<prefix>training_model.ort`` ...), or an
+    ImportError saying what to install, raised before any file is written."""
+    try:
+        from onnxruntime.tools.convert_onnx_models_to_ort import OptimizationStyle, convert_onnx_models_to_ort
+    except ImportError as error:
+        raise ImportError(
+            "ort_format=True needs ONNX Runtime's ONNX-to-ORT converter (onnxruntime.tools.convert_onnx_models_to_ort), "
+            f"which is not importable ({error}); install onnxruntime(-training), or generate the .onnx artifacts and "
+            "convert them with `python -m onnxruntime.tools.convert_onnx_models_to_ort DIR` where it is installed"
+        ) from error
+
+    def convert(path: pathlib.Path, directory: pathlib.Path,
+                custom_op_library: Optional[Union[str, bytes, os.PathLike]]) -> None:
+        library = None if custom_op_library is None else pathlib.Path(os.fsdecode(custom_op_library))
+        convert_onnx_models_to_ort(path, output_dir=directory, custom_op_library_path=library,
+                                   optimization_styles=[OptimizationStyle.Fixed])
+        logger.info("Saved %s", path.with_suffix(".ort"))
+
+    return convert
 
 
 def _check_parameters_are_initializers(model: onnx.ModelProto, requires_grad: Optional[List[str]],

@@ -31,6 +31,9 @@ def describe(source: ModelSource, role: str) -> str:
 def load_model(source: ModelSource, role: str) -> "onnx.ModelProto":
     """Read an ONNX model; FileNotFoundError/IsADirectoryError/ModelLoadError name the file.
 
+    ORT-format models (`.ort`, told by their contents: "ORTM" at bytes 4..8) are converted
+    to an equivalent ONNX model by `ort_torch_compat.ortformat` and checked like any other.
+
     ONNX external data is read relative to the model file's folder (never the working
     directory), through onnx's checked reader; a model given as bytes cannot say where its
     external data is and is refused if it has any.  A model newer than the installed onnx
@@ -57,11 +60,14 @@ def load_model(source: ModelSource, role: str) -> "onnx.ModelProto":
         name = describe(source, role)
         if not data:
             raise ModelLoadError(f"{role} {name} is empty")
-        model = onnx.ModelProto()
-        try:
-            model.ParseFromString(data)
-        except (DecodeError, ValueError, RuntimeError) as error:
-            raise ModelLoadError(f"{role} {name} is not an ONNX model: {error}") from error
+        if _is_ort_format(data):
+            model = _read_ort_format(data, role, name)
+        else:
+            model = onnx.ModelProto()
+            try:
+                model.ParseFromString(data)
+            except (DecodeError, ValueError, RuntimeError) as error:
+                raise ModelLoadError(f"{role} {name} is not an ONNX model: {error}") from error
     name = describe(source, role)
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise ModelLoadError(f"{role} {name} is not an ONNX model (no graph)")
@@ -70,6 +76,24 @@ def load_model(source: ModelSource, role: str) -> "onnx.ModelProto":
     _load_external_data(model, folder, role, name)
     _check_initializers(model, role, name)
     return model
+
+
+def _is_ort_format(data: bytes) -> bool:
+    """ORT-format (flatbuffers) models carry the file identifier "ORTM" at bytes 4..8; an ONNX
+    model (protobuf) there has field tags and lengths, never these four letters in a row
+    that a model could start with (the first field of a ModelProto is ir_version, tag 0x08)."""
+    from ..ortformat import is_ort_format
+
+    return is_ort_format(data)
+
+
+def _read_ort_format(data: bytes, role: str, name: str) -> "onnx.ModelProto":
+    from ..ortformat import OrtFormatError, read_ort_model
+
+    try:
+        return read_ort_model(data)
+    except OrtFormatError as error:
+        raise ModelLoadError(f"{role} {name} is an ORT-format model this package cannot read: {error}") from error
 
 
 def _check_text(graph: "onnx.GraphProto", role: str, name: str) -> None:
