@@ -50,8 +50,9 @@ SKIPPED: Dict[str, str] = {
                                       "packages and runs `mkdocs build --strict`",
     'git clone "$REPO_URL" ort_torch_compat': "needs the repository's URL and the network",
     '.venv/bin/pip wheel . -w dist --no-deps':
-        "builds in an isolated environment that downloads setuptools; test_install_commands_name_what_pyproject_declares "
-        "checks the wheel's name against pyproject.toml",
+        "needs the source tree (the test's directory holds only examples/) and builds in an isolated environment "
+        "that installs setuptools; test_install_commands_name_what_pyproject_declares checks the wheel's name "
+        "against pyproject.toml",
     'python3 -m venv app-venv && app-venv/bin/pip install dist/ort_torch_compat-0.1.0-py3-none-any.whl':
         "needs the wheel of the line above and downloads torch",
     'python3 -m venv .venv && .venv/bin/pip install "ort_torch_compat @ git+$REPO_URL"':
