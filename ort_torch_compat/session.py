@@ -11,7 +11,7 @@ module-level functions that return / take the same `CheckpointState` class as th
 
 There is one engine: a session wraps the same `TrainingEngine` / `OptimizerEngine` as
 `ort_torch_compat.api.Module` / `Optimizer`, so the same call sequence gives the same numbers
-through either surface.  README's C API section has the full mapping.
+through either surface.  docs/capi-session.md has the full mapping.
 """
 from __future__ import annotations
 
@@ -152,7 +152,7 @@ class TrainingSession:
     with the same attributes) the engine uses `intra_op_num_threads` (its thread count; 0:
     measured), `graph_optimization_level` ORT_DISABLE_ALL (no compiled train steps) and the
     config entries "ort_torch_compat.compile" ("auto", "on", "off") and
-    "ort_torch_compat.use_tf32" ("1": TF32 on CUDA; default float32); see README, Performance.
+    "ort_torch_compat.use_tf32" ("1": TF32 on CUDA; default float32); see docs/performance.md.
 
     Lifecycle: `release()` (`ReleaseTrainingSession`, C# `Dispose`) or a `with` block; any
     later call raises `ort_torch_compat.errors.ReleasedError`.  Releasing the session does not

@@ -4,7 +4,7 @@
         [--size bench|tiny] [--rounds 5] [--steps 30] [--warmup 10] [--threads N]
         [--device cpu|cuda] [--fresh-seconds 120] [--json out.json]
     python scripts/benchmark.py --table out.json
-    python scripts/measure_readme_figures.py --write --skip-quick --benchmark-json out.json   # README's table
+    python scripts/measure_readme_figures.py --write --skip-quick --benchmark-json out.json   # docs/performance.md's table
 
 Sizes (`--size`): "bench" (the default) and "tiny", on-device sizes: the real
 architectures at the size of their test suite (batch 2-4, sequence 8, images 64; the

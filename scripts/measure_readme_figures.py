@@ -1,12 +1,13 @@
 #!/usr/bin/env python
-"""Measure every figure README.md quotes, and write them into it.
+"""Measure every figure README.md and docs/performance.md quote, and write them into them.
 
-    python scripts/measure_readme_figures.py            # measure and print; README unchanged
-    python scripts/measure_readme_figures.py --write    # measure and update README.md
+    python scripts/measure_readme_figures.py            # measure and print; the pages unchanged
+    python scripts/measure_readme_figures.py --write    # measure and update README.md and docs/performance.md
     python scripts/measure_readme_figures.py --write --skip-benchmark   # the quick figures only
 
-README marks each figure as `<!-- fig:NAME -->value<!-- /fig -->`; this script knows how to
-measure every NAME, so a figure in README is always one it produced on the code it ran:
+The pages mark each figure as `<!-- fig:NAME -->value<!-- /fig -->`; this script knows how to
+measure every NAME, so a figure in them is always one it produced on the code it ran (README
+quotes the quick ones, docs/performance.md the benchmark's):
 
 - example_time: wall time of `python examples/train_classifier.py` (fresh process);
 - suite_time: wall time of `python -m pytest -q` and the number of CPU cores;
@@ -32,6 +33,7 @@ from typing import Dict
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+PAGES = (README, ROOT / "docs" / "performance.md")
 sys.path.insert(0, str(ROOT / "scripts"))
 FIGURE = re.compile(r"<!-- fig:(?P<name>[a-z_]+) -->(?P<value>.*?)<!-- /fig -->", re.S)
 TODO = re.compile(r"^<!-- TODO\(lead\): the figures marked fig:NAME.*?-->\n\n?", re.M)
@@ -112,16 +114,17 @@ def write(text: str, figures: Dict[str, str], complete: bool) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="update README.md with the measured figures")
+    parser.add_argument("--write", action="store_true", help="update README.md and docs/performance.md with the measured figures")
     parser.add_argument("--skip-benchmark", action="store_true", help="measure only the quick figures")
     parser.add_argument("--benchmark-json", type=pathlib.Path, default=None,
                         help="take the benchmark figures from this `scripts/benchmark.py --json` report")
     parser.add_argument("--skip-quick", action="store_true", help="keep the example and test-suite times")
     args = parser.parse_args()
-    text = README.read_text()
-    unknown = sorted(set(figures_in(text)) - set(KNOWN))
-    if unknown:
-        sys.exit(f"README.md has figures this script cannot measure: {unknown}")
+    texts = {page: page.read_text() for page in PAGES}
+    for page, text in texts.items():
+        unknown = sorted(set(figures_in(text)) - set(KNOWN))
+        if unknown:
+            sys.exit(f"{page} has figures this script cannot measure: {unknown}")
     figures = {} if args.skip_quick else measure_quick()
     if args.benchmark_json:
         figures.update(benchmark_figures(json.loads(args.benchmark_json.read_text())))
@@ -130,8 +133,9 @@ def main() -> None:
     for name, value in figures.items():
         print(f"{name}: {value.strip()}")
     if args.write:
-        README.write_text(write(text, figures, complete=not args.skip_benchmark))
-        print(f"updated {README}")
+        for page, text in texts.items():
+            page.write_text(write(text, figures, complete=not args.skip_benchmark))
+            print(f"updated {page}")
 
 
 if __name__ == "__main__":

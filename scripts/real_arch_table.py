@@ -1,4 +1,4 @@
-"""The README's real-architecture table, from what scripts/make_real_arch_reference.py recorded
+"""The real-architecture table of docs/parity.md, from what scripts/make_real_arch_reference.py recorded
 (``tests/fixtures/real_arch/summary.json``) and, optionally, a scripts/benchmark.py JSON.
 
 Parity is the verdict of the rule in tests/parity_rule.py at recording time (the tests
@@ -8,9 +8,9 @@ export, frozen running stats, AdamW); cells stay "-" otherwise (timings taken du
 run on a loaded machine mean nothing).
 
     python scripts/real_arch_table.py [--summary tests/fixtures/real_arch/summary.json]
-        [--benchmark bench.json] [--readme README.md]
+        [--benchmark bench.json] [--readme docs/parity.md]
 
-With ``--readme`` the table replaces the lines between the two markers
+With ``--readme PAGE`` the table replaces the lines between the two markers
 ``<!-- real-arch-table -->`` and ``<!-- /real-arch-table -->``.
 """
 from __future__ import annotations

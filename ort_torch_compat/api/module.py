@@ -18,7 +18,7 @@ class Module:
     with the same attributes) the engine uses `intra_op_num_threads` (its thread count; 0:
     measured), `graph_optimization_level` ORT_DISABLE_ALL (no compiled train steps) and the
     config entries "ort_torch_compat.compile" ("auto", "on", "off") and
-    "ort_torch_compat.use_tf32" ("1": TF32 on CUDA; default float32); see README, Performance.
+    "ort_torch_compat.use_tf32" ("1": TF32 on CUDA; default float32); see docs/performance.md.
     `gradients` (keyword only, not in ORT's API): "ort" (default) gives ONNX Runtime 1.19.2's
     gradients, quirks included (an inactive Dropout with a ratio input scales its gradient by
     1/(1 - ratio)); "exact" gives the derivative of what the forward computes.
