@@ -5,33 +5,16 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
-import torch.nn.functional as F
-
 from ..registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 from .convolution import Conv
 from .gemm import Gemm
+from .named_activations import named_activation
 
 
 def activation(name: str, params: Sequence[float]):
-    """ORT's fused-activation table (MLAS activation kinds)."""
-    if name == "Relu":
-        return F.relu
-    if name == "Tanh":
-        return torch.tanh
-    if name == "Sigmoid":
-        return torch.sigmoid
-    if name == "LeakyRelu":
-        alpha = params[0] if params else 0.01
-        return lambda x: F.leaky_relu(x, alpha)
-    if name == "Clip":
-        low, high = params if params else (float("-inf"), float("inf"))
-        return lambda x: x.clamp(low, high)
-    if name == "HardSigmoid":
-        alpha, beta = params if params else (0.2, 0.5)
-        return lambda x: (alpha * x + beta).clamp(0.0, 1.0)
-    raise NotImplementedError(f"fused activation {name!r}")
+    """ORT's fused activation: `activation_params` are alpha (and beta; Clip: min, max)."""
+    return named_activation(name, *list(params)[:2])
 
 
 class FusedConv(OnnxModule):

@@ -17,44 +17,17 @@ from __future__ import annotations
 from typing import Callable, List, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from ..dense_kernel import plain_aten_active
 from ..registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
+from .named_activations import named_activation
 
 _DEFAULT_ACTIVATIONS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
 _GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 # Where torch's gate blocks come from in ONNX's layout: LSTM i,o,f,c -> i,f,c,o; GRU z,r,h -> r,z,n.
 _TORCH_GATE_ORDER = {"LSTM": (0, 2, 3, 1), "GRU": (1, 0, 2)}
 _NATIVE_ACTIVATIONS = {"LSTM": (torch.sigmoid, torch.tanh, torch.tanh), "GRU": (torch.sigmoid, torch.tanh)}
-
-
-def _activation(name: str, alpha: Optional[float], beta: Optional[float]) -> Callable:
-    name = name.lower()
-    if name == "sigmoid":
-        return torch.sigmoid
-    if name == "tanh":
-        return torch.tanh
-    if name == "relu":
-        return torch.relu
-    if name == "leakyrelu":
-        return lambda x: F.leaky_relu(x, 0.01 if alpha is None else alpha)
-    if name == "thresholdedrelu":
-        return lambda x: torch.where(x > (1.0 if alpha is None else alpha), x, torch.zeros_like(x))
-    if name == "scaledtanh":
-        return lambda x: (1.0 if alpha is None else alpha) * torch.tanh((1.0 if beta is None else beta) * x)
-    if name == "hardsigmoid":
-        return lambda x: ((0.2 if alpha is None else alpha) * x + (0.5 if beta is None else beta)).clamp(0, 1)
-    if name == "elu":
-        return lambda x: F.elu(x, 1.0 if alpha is None else alpha)
-    if name == "softsign":
-        return F.softsign
-    if name == "softplus":
-        return F.softplus
-    if name == "affine":
-        return lambda x: (1.0 if alpha is None else alpha) * x + (0.0 if beta is None else beta)
-    raise NotImplementedError(f"recurrent activation {name!r}")
 
 
 class Recurrent(OnnxModule):
@@ -222,7 +195,7 @@ def _recurrent(cell: str):
         directions = 2 if direction == "bidirectional" else 1
         names = a.get("activations") or _DEFAULT_ACTIVATIONS[cell] * directions
         alphas, betas = list(a.get("activation_alpha", [])), list(a.get("activation_beta", []))
-        acts = [_activation(n, alphas[i] if i < len(alphas) else None, betas[i] if i < len(betas) else None)
+        acts = [named_activation(n, alphas[i] if i < len(alphas) else None, betas[i] if i < len(betas) else None)
                 for i, n in enumerate(names)]
         if len(acts) == len(_DEFAULT_ACTIVATIONS[cell]) and directions == 2:
             acts = acts * 2
