@@ -33,21 +33,9 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # Flower's usage telemetry
 os.environ.setdefault("ORT_TORCH_COMPAT_COMPILE", "off")  # tiny model, short run: no compile
 
 ARTIFACTS = pathlib.Path(__file__).resolve().parent / "artifacts" / "mlp_classifier"
-CENTERS = np.array([[-2.0, 0.0], [2.0, 0.0], [0.0, 2.5]], dtype=np.float32)
-
-
-def device_data(client: int, clients: int, seed: int = 0):
-    """Device `client`'s (train, eval) data: 80% of its examples from its own dominant class
-    (client % 3), the rest from the others; 120 + 60 * client training examples."""
-    rng = np.random.default_rng([seed, client])
-
-    def draw(size: int):
-        dominant = client % len(CENTERS)
-        labels = np.where(rng.random(size) < 0.8, dominant, rng.integers(0, len(CENTERS), size))
-        features = CENTERS[labels] + rng.normal(scale=0.9, size=(size, 2)).astype(np.float32)
-        return [features.astype(np.float32), labels.astype(np.int64)]
-
-    return draw(120 + 60 * client), draw(100)
+APP_DIR = pathlib.Path(__file__).resolve().parent / "federated_flower_app"  # the same federation as a Flower App
+sys.path.insert(0, str(APP_DIR))
+from ort_fl_app import device_data  # noqa: E402  (the devices' non-IID synthetic data)
 
 
 def run(clients: int, rounds: int, out: pathlib.Path, *, local_epochs: int = 2, learning_rate: float = 0.01,
@@ -61,7 +49,7 @@ def run(clients: int, rounds: int, out: pathlib.Path, *, local_epochs: int = 2, 
 
     def make_client(context):
         index = int(context.node_config["partition-id"])
-        train, evaluation = device_data(index, clients)
+        train, evaluation = device_data(index)
         client = OrtClient(ARTIFACTS, train, evaluation, batch_size=32, client_id=index, checkpoint_dir=out)
         return client if client_fn is None else client_fn(context, client)
 

@@ -172,7 +172,7 @@ def server_app(checkpoint: Union[str, os.PathLike, None] = None, out_dir: Union[
     """A Flower `ServerApp` over an ORT checkpoint.
 
     Arguments left as None are read from the run config (``flwr run``'s
-    ``[tool.flwr.app.config]``): ``checkpoint``, ``out-dir``, ``num-server-rounds``,
+    ``[tool.flwr.app.config]``): ``checkpoint`` (or ``artifacts``, the folder that holds it), ``out-dir``, ``num-server-rounds``,
     ``local-epochs``, ``learning-rate``, ``min-clients``, ``round-timeout``.
     `strategy_fn()` builds the Flower strategy to wrap (FedAvg when None).
     `on_strategy` sees the `CheckpointStrategy` of each run (tests read its records).
@@ -182,6 +182,8 @@ def server_app(checkpoint: Union[str, os.PathLike, None] = None, out_dir: Union[
     def server_fn(context) -> "ServerAppComponents":
         run = dict(context.run_config)
         ckpt = checkpoint if checkpoint is not None else run.get("checkpoint")
+        if not ckpt and run.get("artifacts"):
+            ckpt = pathlib.Path(str(run["artifacts"])) / "checkpoint"
         if not ckpt:
             raise ValueError("no initial ORT checkpoint: pass checkpoint= or set 'checkpoint' in the run config")
         out = out_dir if out_dir is not None else (run.get("out-dir") or None)

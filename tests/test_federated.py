@@ -1,0 +1,280 @@
+"""Federated training of ORT artifacts on Flower (ort_torch_compat.federated, docs/federated.md).
+
+Skipped where Flower is not installed (``pip install -e ".[federated]"``), except the checks that
+`import ort_torch_compat` does not import Flower and that the federated package names the extra.
+
+* the example (examples/federated_flower.py, Flower's Simulation Runtime in one process): every
+  round's global ORT checkpoint is the num_examples-weighted mean of that round's client
+  checkpoints, loads (and trains) in onnxruntime-training 1.19.2, and the eval loss goes down;
+* failures: clients that drop out, send NaN/Inf, wrong shapes or wrong names; the round
+  completes with the others, the bad updates are rejected with a logged reason, the global
+  checkpoint stays the mean of the good ones (or the previous model when none is good);
+* the deployment engine: SuperLink and two SuperNodes as separate processes on 127.0.0.1,
+  the run submitted with ``flwr run`` (slow: about a minute, see its docstring).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "federated_flower.py"
+APP_DIR = ROOT / "examples" / "federated_flower_app"
+ARTIFACTS = ROOT / "examples" / "artifacts" / "mlp_classifier"
+HAVE_FLWR = importlib.util.find_spec("flwr") is not None
+needs_flwr = pytest.mark.skipif(not HAVE_FLWR, reason='Flower (flwr) is not installed: pip install -e ".[federated]"')
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # Flower's usage telemetry: never from tests
+
+
+def _env() -> dict:
+    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", ORT_TORCH_COMPAT_COMPILE="off")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+# ---- without Flower ------------------------------------------------------------------------
+def test_importing_the_library_does_not_import_flower():
+    code = ("import sys, ort_torch_compat, ort_torch_compat.api; "
+            "assert 'flwr' not in sys.modules, 'flwr imported'; print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+def test_missing_flower_names_the_extra():
+    code = ("import sys; sys.modules['flwr'] = None\n"
+            "try:\n    import ort_torch_compat.federated\nexcept ImportError as e:\n    print('IMPORTERROR', e)\n")
+    done = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
+    assert "IMPORTERROR" in done.stdout and "ort_torch_compat[federated]" in done.stdout, done.stdout + done.stderr
+
+
+# ---- helpers -------------------------------------------------------------------------------
+def _load(path):
+    from ort_torch_compat.api import CheckpointState
+
+    return CheckpointState.load_checkpoint(path)
+
+
+def _trainable(state):
+    from ort_torch_compat.federated import ParameterSpec
+
+    spec = ParameterSpec.from_state(state)
+    return {name: state.parameters[name].data for name in spec.names}
+
+
+def assert_weighted_mean(round_dir: pathlib.Path):
+    """round_dir/global/checkpoint == sum(n_i * client_i) / sum(n_i) over num_examples.json."""
+    counts = json.loads((round_dir / "num_examples.json").read_text())
+    assert counts, f"no accepted client in {round_dir}"
+    clients = {c: _trainable(_load(round_dir / f"client_{c}" / "checkpoint")) for c in counts}
+    total = sum(counts.values())
+    merged = _trainable(_load(round_dir / "global" / "checkpoint"))
+    for name, value in merged.items():
+        assert value.dtype == np.float32
+        expected = sum(counts[c] * clients[c][name].astype(np.float64) for c in counts) / total
+        np.testing.assert_allclose(value, expected, rtol=2e-6, atol=2e-7, err_msg=f"{round_dir.name} {name}")
+    return counts
+
+
+def _example_module():
+    spec = importlib.util.spec_from_file_location("federated_flower_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---- the example ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def example_run(tmp_path_factory):
+    """`python examples/federated_flower.py --clients 3 --rounds 3 --out DIR`, as a user runs it."""
+    if not HAVE_FLWR:
+        pytest.skip('Flower (flwr) is not installed: pip install -e ".[federated]"')
+    out = tmp_path_factory.mktemp("federated_example")
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, str(EXAMPLE), "--clients", "3", "--rounds", "3", "--out", str(out)],
+                          env=_env(), capture_output=True, text=True, timeout=300, cwd=str(out))
+    seconds = time.perf_counter() - started
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return out, done.stdout, seconds
+
+
+@needs_flwr
+def test_example_writes_every_round(example_run):
+    out, stdout, seconds = example_run
+    for r in (1, 2, 3):
+        assert (out / f"round_{r}" / "global" / "checkpoint").is_file()
+        assert sorted(json.loads((out / f"round_{r}" / "num_examples.json").read_text())) == ["0", "1", "2"]
+        for c in range(3):
+            assert (out / f"round_{r}" / f"client_{c}" / "checkpoint").is_file()
+        assert f"round {r}: global eval loss" in stdout
+    assert seconds < 60, f"the example took {seconds:.1f} s"
+
+
+@needs_flwr
+def test_global_checkpoint_is_the_weighted_mean_of_the_clients(example_run):
+    out, _, _ = example_run
+    for r in (1, 2, 3):
+        counts = assert_weighted_mean(out / f"round_{r}")
+        assert len(set(counts.values())) == 3  # unequal shares: the weighting is visible
+
+
+@needs_flwr
+def test_eval_loss_decreases(example_run):
+    out, _, _ = example_run
+    losses = json.loads((out / "eval_loss.json").read_text())
+    values = [losses[str(r)] for r in (1, 2, 3)]
+    assert values[0] > values[1] > values[2], values
+
+
+@needs_flwr
+def test_global_checkpoint_resumes_with_a_fresh_optimizer(example_run):
+    """The global checkpoint has no optimizer state: a device resumes from it at step 0."""
+    from ort_torch_compat.api import Module, Optimizer
+
+    out, _, _ = example_run
+    state = _load(out / "round_3" / "global" / "checkpoint")
+    assert state._state.optimizer is None
+    assert state.properties["federated_round"] == 3
+    module = Module(ARTIFACTS / "training_model.onnx", state, ARTIFACTS / "eval_model.onnx")
+    optimizer = Optimizer(ARTIFACTS / "optimizer_model.onnx", module)
+    module(np.zeros((4, 2), np.float32), np.zeros(4, np.int64))
+    optimizer.step()
+    assert state._state.optimizer.step == 1
+
+
+@needs_flwr
+def test_global_checkpoint_loads_and_trains_in_onnxruntime_training(example_run, ort_api):
+    out, _, _ = example_run
+    for r in (1, 2, 3):
+        path = out / f"round_{r}" / "global" / "checkpoint"
+        ours = _trainable(_load(path))
+        theirs = ort_api.CheckpointState.load_checkpoint(str(path))
+        for name, value in ours.items():
+            np.testing.assert_array_equal(theirs.parameters[name].data, value)
+        assert theirs.properties["federated_round"] == r
+    module = ort_api.Module(str(ARTIFACTS / "training_model.onnx"), theirs, str(ARTIFACTS / "eval_model.onnx"))
+    optimizer = ort_api.Optimizer(str(ARTIFACTS / "optimizer_model.onnx"), module)
+    module.train()
+    loss = module(np.zeros((4, 2), np.float32), np.zeros(4, np.int64))
+    optimizer.step()
+    assert np.isfinite(loss)
+
+
+# ---- failures ------------------------------------------------------------------------------
+def _faulty(kind):
+    """A client_fn hook of examples/federated_flower.run: client `i` misbehaves as kind[i] says."""
+    from ort_torch_compat.federated import PARAM_NAMES_KEY
+
+    def wrap(context, client):
+        fault = kind.get(int(context.node_config["partition-id"]))
+        if fault is None:
+            return client
+        fit = client.fit
+
+        def bad_fit(parameters, config):
+            if fault == "dropout":
+                raise ConnectionError("device went offline")
+            arrays, n, metrics = fit(parameters, config)
+            if fault == "nan":
+                arrays[1] = arrays[1].copy()
+                arrays[1].flat[0] = np.nan
+            elif fault == "inf":
+                arrays[-1] = np.full_like(arrays[-1], np.inf)
+            elif fault == "shape":
+                arrays[0] = arrays[0][:-1]
+            elif fault == "names":
+                metrics[PARAM_NAMES_KEY] = json.dumps(list(reversed(json.loads(metrics[PARAM_NAMES_KEY]))))
+            return arrays, n, metrics
+
+        client.fit = bad_fit
+        return client
+
+    return wrap
+
+
+@needs_flwr
+def test_bad_clients_are_rejected_and_the_round_completes(tmp_path, caplog):
+    faults = {2: "dropout", 3: "nan", 4: "shape", 5: "names", 6: "inf"}
+    caplog.set_level(logging.WARNING, logger="ort_torch_compat.federated")
+    strategy = _example_module().run(7, 2, tmp_path, local_epochs=1, client_fn=_faulty(faults), quiet=True)
+    for r in (1, 2):
+        round_dir = tmp_path / f"round_{r}"
+        counts = assert_weighted_mean(round_dir)  # the mean of the good clients only
+        assert sorted(counts) == ["0", "1"]
+        rejected = {item["client"]: item["reason"] for item in json.loads((round_dir / "rejected.json").read_text())}
+        assert sorted(rejected) == ["3", "4", "5", "6"], rejected
+        assert "NaN or Inf" in rejected["3"] and "NaN or Inf" in rejected["6"]
+        assert "shape" in rejected["4"] and "names differ" in rejected["5"]
+        assert all(np.isfinite(v).all() for v in _trainable(_load(round_dir / "global" / "checkpoint")).values())
+    logged = caplog.text
+    for client in ("3", "4", "5", "6"):
+        assert f"rejected the update of client {client}" in logged
+    assert "device went offline" in logged  # the dropout is logged as the round's failure
+    assert sorted(strategy.eval_losses) == [1, 2]
+
+
+@needs_flwr
+def test_no_good_update_keeps_the_previous_global_model(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="ort_torch_compat.federated")
+    _example_module().run(2, 1, tmp_path, local_epochs=1, client_fn=_faulty({0: "nan", 1: "shape"}), quiet=True)
+    initial = _trainable(_load(ARTIFACTS / "checkpoint"))
+    merged = _trainable(_load(tmp_path / "round_1" / "global" / "checkpoint"))
+    for name in initial:
+        np.testing.assert_array_equal(merged[name], initial[name])
+    assert json.loads((tmp_path / "round_1" / "num_examples.json").read_text()) == {}
+    assert "global model is unchanged" in caplog.text
+
+
+@needs_flwr
+def test_client_refuses_bad_server_parameters():
+    from ort_torch_compat.federated import PARAM_NAMES_KEY, OrtClient
+
+    rng = np.random.default_rng(0)
+    data = [rng.normal(size=(40, 2)).astype(np.float32), rng.integers(0, 3, 40).astype(np.int64)]
+    client = OrtClient(ARTIFACTS, data, data, batch_size=16)
+    good = client.get_parameters({})
+    names = client.spec.names_json()
+    config = {PARAM_NAMES_KEY: names, "local_epochs": 1, "learning_rate": 0.01, "server_round": 1}
+    with pytest.raises(ValueError, match="names differ"):
+        client.fit(good, {**config, PARAM_NAMES_KEY: json.dumps(sorted(json.loads(names), reverse=True))})
+    with pytest.raises(ValueError, match="parameter names"):
+        client.fit(good, {k: v for k, v in config.items() if k != PARAM_NAMES_KEY})
+    with pytest.raises(ValueError, match="shape"):
+        client.fit([good[0].T] + good[1:], config)
+    with pytest.raises(ValueError, match="NaN"):
+        client.fit([np.full_like(good[0], np.nan)] + good[1:], config)
+    with pytest.raises(ValueError, match="expected 6 arrays"):
+        client.fit(good[:-1], config)
+    for name, value in zip(client.spec.names, good):  # nothing was written into the state
+        np.testing.assert_array_equal(client.state.parameters[name].data, value)
+
+
+@needs_flwr
+def test_each_round_starts_a_fresh_optimizer_with_the_servers_learning_rate():
+    from ort_torch_compat.federated import PARAM_NAMES_KEY, OrtClient
+
+    rng = np.random.default_rng(1)
+    data = [rng.normal(size=(40, 2)).astype(np.float32), rng.integers(0, 3, 40).astype(np.int64)]
+    client = OrtClient(ARTIFACTS, data, data, batch_size=16)
+    config = {PARAM_NAMES_KEY: client.spec.names_json(), "local_epochs": 2, "learning_rate": 0.02, "server_round": 1}
+    start = client.get_parameters({})
+    arrays, n, metrics = client.fit(start, config)
+    assert n == 40 and json.loads(metrics[PARAM_NAMES_KEY]) == list(client.spec.names)
+    assert client.state._state.optimizer.step == 6  # 2 epochs of ceil(40 / 16) steps
+    assert client.optimizer.get_learning_rate() == pytest.approx(0.02)
+    client.fit(start, {**config, "server_round": 2, "learning_rate": 0.005})
+    assert client.state._state.optimizer.step == 6  # not 12: the moments and step count were reset
+    assert client.optimizer.get_learning_rate() == pytest.approx(0.005)
+    loss, n_eval, _ = client.evaluate(arrays, config)
+    assert n_eval == 40 and np.isfinite(loss)
