@@ -278,3 +278,118 @@ def test_each_round_starts_a_fresh_optimizer_with_the_servers_learning_rate():
     assert client.optimizer.get_learning_rate() == pytest.approx(0.005)
     loss, n_eval, _ = client.evaluate(arrays, config)
     assert n_eval == 40 and np.isfinite(loss)
+
+
+# ---- deployment engine ---------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _group_members(groups) -> list:
+    """The processes of the given process groups (the started programs and their children)."""
+    members = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[2]) in groups:  # field 5: the process group
+                members.append(int(entry.name))
+    return members
+
+
+def _listening_addresses(pids) -> set:
+    """Local addresses the given processes listen on (Linux /proc), to check loopback only."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = pathlib.Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                found.add(fields[1].split(":")[0])
+    return found
+
+
+@needs_flwr
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="checks the listening sockets in /proc")
+@pytest.mark.skipif(shutil.which("flower-superlink", path=os.path.dirname(sys.executable)) is None,
+                    reason="Flower's command-line programs are not beside this interpreter")
+def test_deployment_engine_superlink_and_supernodes(tmp_path):
+    """Flower's deployment engine: a SuperLink and two SuperNodes, each a separate process (each
+    spawning Flower's ServerApp / ClientApp processes), on 127.0.0.1 only, the Flower App
+    (examples/federated_flower_app) submitted with ``flwr run``, one round.
+
+    Slow by nature, about a minute on 2 cores: every ClientApp message starts a Python process
+    that imports torch, and the SuperNodes poll the SuperLink.  Kept to one round of two nodes;
+    every process runs under a time limit and is ended with its process group."""
+    bin_dir = pathlib.Path(sys.executable).parent
+    home, out, logs = tmp_path / "flwr_home", tmp_path / "out", tmp_path / "logs"
+    for folder in (home, out, logs):
+        folder.mkdir()
+    link_port = _free_port()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n')
+    env = dict(_env(), FLWR_HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    processes = []
+
+    def start(name, *args):
+        log = open(logs / f"{name}.log", "w")
+        processes.append((name, subprocess.Popen([str(bin_dir / args[0]), *args[1:]], stdout=log,
+                                                 stderr=subprocess.STDOUT, env=env, cwd=str(tmp_path),
+                                                 start_new_session=True)))
+
+    deadline = time.monotonic() + 240
+    try:
+        start("superlink", "flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(link_port),
+              "--disable-runtime-dependency-installation")
+        for node in (0, 1):
+            start(f"supernode{node}", "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link_port}",
+                  "--host", "127.0.0.1", "--port", str(_free_port()), "--max-wait-time", "120",
+                  "--node-config", f"partition-id={node} num-partitions=2")
+        run_config = (f'artifacts="{ARTIFACTS}" out-dir="{out}" num-server-rounds=1 min-clients=2 '
+                      f"local-epochs=2 learning-rate=0.01")
+        submitted = None
+        while time.monotonic() < deadline:  # the SuperLink takes a few seconds to listen
+            submitted = subprocess.run([str(bin_dir / "flwr"), "run", str(APP_DIR), "local", "--run-config", run_config],
+                                       env=env, capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+            if submitted.returncode == 0:
+                break
+            time.sleep(2)
+        assert submitted is not None and submitted.returncode == 0, submitted.stdout + submitted.stderr
+        losses = out / "eval_loss.json"
+        while time.monotonic() < deadline and not (losses.exists() and "1" in json.loads(losses.read_text() or "{}")):
+            for name, process in processes:
+                assert process.poll() is None, f"{name} exited: " + (logs / f"{name}.log").read_text()[-3000:]
+            time.sleep(1)
+        assert losses.exists(), "no round finished in time:\n" + "\n".join(
+            f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(logs.iterdir()))
+        listening = _listening_addresses(_group_members({p.pid for _, p in processes}))
+        assert listening and listening <= {"0100007F", "00000000000000000000000001000000"}, listening  # 127.0.0.1, ::1
+    finally:
+        for _, process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for _, process in processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=20)
+    counts = assert_weighted_mean(out / "round_1")
+    assert sorted(counts) == ["0", "1"]
+    assert json.loads(losses.read_text())["1"] > 0
