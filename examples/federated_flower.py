@@ -27,8 +27,6 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # Flower's usage telemetry: off
 os.environ.setdefault("ORT_TORCH_COMPAT_COMPILE", "off")  # tiny model, short run: no compile
 

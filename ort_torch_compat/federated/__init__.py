@@ -7,7 +7,7 @@ starts from an ORT checkpoint and writes the global model as an ORT checkpoint e
 `run_simulation` runs a federation in one process.  See docs/federated.md.
 """
 try:
-    import flwr  # noqa: F401
+    from flwr import __version__ as FLWR_VERSION
 except ImportError as error:  # pragma: no cover  (exercised by tests in a subprocess)
     raise ImportError(
         "ort_torch_compat.federated needs Flower (flwr), which is not installed: "
@@ -20,6 +20,7 @@ from .server import CheckpointStrategy, RejectedUpdate, server_app  # noqa: E402
 from .simulation import InProcessBackend, run_simulation  # noqa: E402
 
 __all__ = [
+    "FLWR_VERSION",
     "ArtifactPaths", "OrtClient", "client_app", "ort_client_app", "ParameterSpec", "PARAM_NAMES_KEY",
     "CheckpointStrategy", "RejectedUpdate", "server_app", "InProcessBackend", "run_simulation",
 ]
