@@ -155,6 +155,7 @@ def test_global_checkpoint_resumes_with_a_fresh_optimizer(example_run):
 
 @needs_flwr
 def test_global_checkpoint_loads_and_trains_in_onnxruntime_training(example_run, ort_api):
+    """ORT 1.19.2 loads every round's global checkpoint, saves it back byte for byte, trains it."""
     out, _, _ = example_run
     for r in (1, 2, 3):
         path = out / f"round_{r}" / "global" / "checkpoint"
@@ -163,6 +164,9 @@ def test_global_checkpoint_loads_and_trains_in_onnxruntime_training(example_run,
         for name, value in ours.items():
             np.testing.assert_array_equal(theirs.parameters[name].data, value)
         assert theirs.properties["federated_round"] == r
+        resaved = out / f"ort_resaved_{r}"
+        ort_api.CheckpointState.save_checkpoint(theirs, str(resaved), False)
+        assert resaved.read_bytes() == path.read_bytes()  # byte-compatible: ORT writes the same file
     module = ort_api.Module(str(ARTIFACTS / "training_model.onnx"), theirs, str(ARTIFACTS / "eval_model.onnx"))
     optimizer = ort_api.Optimizer(str(ARTIFACTS / "optimizer_model.onnx"), module)
     module.train()
@@ -327,7 +331,7 @@ def _listening_addresses(pids) -> set:
 
 @needs_flwr
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="checks the listening sockets in /proc")
-@pytest.mark.skipif(shutil.which("flower-superlink", path=os.path.dirname(sys.executable)) is None,
+@pytest.mark.skipif(HAVE_FLWR and shutil.which("flower-superlink", path=os.path.dirname(sys.executable)) is None,
                     reason="Flower's command-line programs are not beside this interpreter")
 def test_deployment_engine_superlink_and_supernodes(tmp_path):
     """Flower's deployment engine: a SuperLink and two SuperNodes, each a separate process (each
