@@ -255,7 +255,7 @@ def test_client_refuses_bad_server_parameters():
     with pytest.raises(ValueError, match="parameter names"):
         client.fit(good, {k: v for k, v in config.items() if k != PARAM_NAMES_KEY})
     with pytest.raises(ValueError, match="shape"):
-        client.fit([good[0].T] + good[1:], config)
+        client.fit([a.T for a in good], config)  # the 2-D ones transposed
     with pytest.raises(ValueError, match="NaN"):
         client.fit([np.full_like(good[0], np.nan)] + good[1:], config)
     with pytest.raises(ValueError, match="expected 6 arrays"):
@@ -397,3 +397,66 @@ def test_deployment_engine_superlink_and_supernodes(tmp_path):
     counts = assert_weighted_mean(out / "round_1")
     assert sorted(counts) == ["0", "1"]
     assert json.loads(losses.read_text())["1"] > 0
+
+
+# ---- the strategy wrapper and the simulation backend, directly ------------------------------
+@needs_flwr
+def test_pickled_payload_is_rejected_without_unpickling(tmp_path):
+    """An update whose array bytes are a pickle (object array) is refused at decoding: Flower
+    reads arrays with allow_pickle=False, and the refusal is the update's rejection reason."""
+    import io
+
+    from flwr.common import Code, FitRes, Parameters, Status, ndarrays_to_parameters
+    from flwr.server.client_proxy import ClientProxy
+
+    from ort_torch_compat.federated import PARAM_NAMES_KEY, CheckpointStrategy
+
+    class Proxy(ClientProxy):
+        def get_properties(self, *args, **kwargs):
+            raise NotImplementedError
+
+        get_parameters = fit = evaluate = reconnect = get_properties
+
+    strategy = CheckpointStrategy(ARTIFACTS / "checkpoint", tmp_path)
+    good = [a + 1 for a in _trainable(_load(ARTIFACTS / "checkpoint")).values()]
+    buffer = io.BytesIO()
+    np.save(buffer, np.array([{"payload": "not data"}], dtype=object), allow_pickle=True)
+    pickled = Parameters(tensors=[buffer.getvalue()] + ndarrays_to_parameters(good).tensors[1:], tensor_type="numpy.ndarray")
+    names = strategy.spec.names_json()
+    ok, status = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(good), 10, {PARAM_NAMES_KEY: names, "client_id": "a"}), None
+    bad = FitRes(Status(Code.OK, ""), pickled, 10, {PARAM_NAMES_KEY: names, "client_id": "b"})
+    parameters, _ = strategy.aggregate_fit(1, [(Proxy("a"), ok), (Proxy("b"), bad)], [])
+    assert status is None and parameters is not None
+    assert [client for client, _ in strategy.rejected[1]] == ["b"]
+    assert "undecodable" in strategy.rejected[1][0][1] and "allow_pickle" in strategy.rejected[1][0][1]
+    merged = _trainable(_load(tmp_path / "round_1" / "global" / "checkpoint"))
+    for value, expected in zip(merged.values(), good):
+        np.testing.assert_array_equal(value, expected.astype(np.float32))
+
+
+@needs_flwr
+def test_in_process_simulation_restores_flowers_backend_module():
+    import ort_torch_compat.federated.simulation as simulation
+
+    before = sys.modules.get(simulation._RAY_BACKEND_MODULE)
+    with simulation._in_process_backend():
+        patched = sys.modules[simulation._RAY_BACKEND_MODULE]
+        assert patched.RayBackend is simulation.InProcessBackend
+    assert sys.modules.get(simulation._RAY_BACKEND_MODULE) is before
+    with pytest.raises(ValueError, match="backend"):
+        simulation.run_simulation(None, None, 1, backend="threads")
+
+
+@needs_flwr
+def test_wire_order_is_the_same_for_the_artifacts_and_a_saved_checkpoint(tmp_path):
+    """The artifacts' checkpoint lists parameters in initializer order, a saved one in name
+    order: the wire order (ORT's API order) must not depend on which file a device loaded."""
+    from ort_torch_compat.federated import ParameterSpec
+    from ort_torch_compat.federated.params import write_checkpoint
+
+    original = _load(ARTIFACTS / "checkpoint")
+    write_checkpoint(original, tmp_path / "checkpoint")
+    resaved = _load(tmp_path / "checkpoint")
+    assert list(original._state.parameters) != list(resaved._state.parameters)  # the files differ in order
+    assert ParameterSpec.from_state(original) == ParameterSpec.from_state(resaved)
+    assert list(ParameterSpec.from_state(original).names) == [name for name, _ in original.parameters]

@@ -1,8 +1,10 @@
 """The parameters a federation exchanges, checked: no Flower needed here.
 
 A federation trains the *trainable* parameters of one set of ORT artifacts.  On the wire they
-are a list of numpy arrays in the checkpoint's trainable-parameter order (the order the
-checkpoint file lists them); the names travel beside them (config and metrics, as a JSON
+are a list of numpy arrays in the checkpoint's trainable-parameter order as ORT's API lists
+them (`CheckpointState.parameters`: sorted by name), which is the same for every file of the
+same model (the artifact generator's checkpoint lists them in initializer order, a checkpoint
+ORT or this library saves in name order); the names travel beside them (config and metrics, as a JSON
 list) and both ends check names, count, shapes, dtypes and finiteness before they use an
 update.  The global model is written with this library's checkpoint writer, so the file is
 onnxruntime-training 1.19.2's format; it carries no optimizer state, so a device that resumes
@@ -22,7 +24,7 @@ PARAM_NAMES_KEY = "ort_param_names"  # JSON list of names, in config (server -> 
 
 @dataclass(frozen=True)
 class ParameterSpec:
-    """Names, shapes and dtypes of the trainable parameters, in the checkpoint's order."""
+    """Names, shapes and dtypes of the trainable parameters, in ORT's parameter order."""
 
     names: Tuple[str, ...]
     shapes: Tuple[Tuple[int, ...], ...]
@@ -30,8 +32,8 @@ class ParameterSpec:
 
     @classmethod
     def from_state(cls, state) -> "ParameterSpec":
-        """From a `CheckpointState` (ours): its trainable parameters in checkpoint order."""
-        slots = [slot for slot in state._state.parameters.values() if slot.requires_grad]
+        """From a `CheckpointState` (ours): its trainable parameters, in ORT's parameter order."""
+        slots = [slot for slot in (state._state.parameter(n) for n in state._state.sorted_names()) if slot.requires_grad]
         if not slots:
             raise ValueError("the checkpoint has no trainable parameters: there is nothing to federate")
         return cls(tuple(s.name for s in slots), tuple(tuple(s.tensor.shape) for s in slots),
