@@ -120,8 +120,13 @@ class CheckpointStrategy(Strategy):
                 self.rejected.setdefault(server_round, []).append((client_id, reason))
                 failures.append(RejectedUpdate(client_id, reason))
         for failure in failures:
-            if isinstance(failure, BaseException) and not isinstance(failure, RejectedUpdate):
+            if isinstance(failure, RejectedUpdate):
+                continue
+            if isinstance(failure, BaseException):
                 logger.warning("round %d: a client failed: %r", server_round, failure)
+            else:  # (proxy, FitRes) with a non-OK status
+                logger.warning("round %d: client %s failed: %s", server_round, failure[0].cid,
+                               failure[1].status.message)
         parameters, metrics = self.inner.aggregate_fit(server_round, accepted, failures) if accepted else (None, {})
         if parameters is not None:
             problem = self.spec.check_arrays(parameters_to_ndarrays(parameters))
