@@ -496,9 +496,10 @@ def test_too_few_and_too_many_inputs(trained):
 def test_wrong_dtype(trained):
     _, module, optimizer = trained
     x, target = batch()
-    with pytest.raises(InvalidInputError, match=r"unexpected input data type for 'target'. Actual: torch.float64"):
+    with pytest.raises(InvalidInputError, match=r"unexpected input data type for 'target'. Actual: tensor\(double\), "
+                                              r"expected: tensor\(float\); cast it, e.g. target.astype\(numpy.float32\)"):
         module(x, target.astype(np.float64))
-    with pytest.raises(InvalidInputError, match=r"unexpected input data type for 'x'. Actual: torch.int64"):
+    with pytest.raises(InvalidInputError, match=r"unexpected input data type for 'x'. Actual: tensor\(int64\)"):
         module(x.astype(np.int64), target)
     with pytest.raises(InvalidInputError, match=r"input 0: expected a numpy array, OrtValue or torch tensor, got list"):
         module(x.tolist(), target)
@@ -509,8 +510,17 @@ def test_wrong_label_dtype_for_classification():
     _, module, optimizer = build(CE)
     x, labels = batch(CE)
     assert labels.dtype == np.int64
-    with pytest.raises(InvalidInputError, match=r"'labels'. Actual: torch.int32, expected: tensor\(int64\)"):
+    with pytest.raises(InvalidInputError, match=r"'labels'. Actual: tensor\(int32\), expected: tensor\(int64\)"):
         module(x, labels.astype(np.int32))
+    assert_usable(module, optimizer, CE)
+
+
+def test_labels_with_an_extra_axis_say_how_to_reshape():
+    _, module, optimizer = build(CE)
+    x, labels = batch(CE)
+    with pytest.raises(InvalidInputError, match=r"input 'labels': \[4, 1\], expected \[4\]: 2 dimension\(s\) where the "
+                                                r"model declares 1; reshape it, e.g. labels.reshape\(4\)"):
+        module(x, labels.reshape(-1, 1))
     assert_usable(module, optimizer, CE)
 
 

@@ -94,19 +94,34 @@ def check_inputs(specs: Sequence[ValueSpec], tensors: Sequence[StepInput], step:
         dtype = spec.dtype
         strings = is_string_array(tensor)
         if (spec.elem_type == STRING) != strings or (dtype is not None and tensor.dtype != dtype):
-            actual = f"tensor(string) (a numpy {tensor.dtype} array)" if strings else tensor.dtype
-            raise InvalidInputError(
-                f"{step}: unexpected input data type for '{spec.name}'. Actual: {actual}, expected: {spec.type_name}"
-            )
+            raise InvalidInputError(_type_message(spec, tensor, strings, step))
         shape = spec.shape
         if shape is None:
             continue
         actual = tuple(tensor.shape)
         if len(actual) != len(shape) or any(want is not None and want != got for want, got in zip(shape, actual)):
             expected = tuple("?" if d is None else d for d in shape)
+            hint = " (? is any size)" if None in shape else ""
+            if len(actual) != len(shape):
+                hint += f": {len(actual)} dimension(s) where the model declares {len(shape)}; reshape it"
+                if shape.count(None) <= 1:  # then one reshape fits: -1 where the free dimension is
+                    hint += f", e.g. {spec.name}.reshape({', '.join('-1' if d is None else str(d) for d in shape)})"
             raise InvalidInputError(
-                f"{step}: got invalid dimensions for input '{spec.name}': {list(actual)}, expected {list(expected)}"
+                f"{step}: got invalid dimensions for input '{spec.name}': {list(actual)}, expected {list(expected)}{hint}"
             )
+
+
+def _type_message(spec: ValueSpec, tensor: StepInput, strings: bool, step: str) -> str:
+    """ORT's words (in ORT's type names), then what the value was and how to cast it."""
+    if strings:
+        return (f"{step}: unexpected input data type for '{spec.name}'. Actual: tensor(string) (a numpy "
+                f"{tensor.dtype} array), expected: {spec.type_name}")
+    message = (f"{step}: unexpected input data type for '{spec.name}'. Actual: {torch_type_name(tensor.dtype)}, "
+               f"expected: {spec.type_name}")
+    if spec.dtype is not None:
+        wanted = str(spec.dtype).replace("torch.", "")
+        message += f"; cast it, e.g. {spec.name}.astype(numpy.{wanted}) or {spec.name}.to(torch.{wanted})"
+    return message
 
 
 def names(specs: Sequence[ValueSpec]) -> List[str]:
