@@ -85,7 +85,7 @@ def test_a_run_switches_to_the_compiled_step_midway_with_eager_numbers(monkeypat
                 if tensor.requires_grad:
                     tensor.sub_(0.01 * tensor.grad)
         time.sleep(0.02)  # leave the worker some CPU on a 2-core machine
-    assert paths[0] == "eager" and paths[-1] == "compiled"
+    assert paths[0] == "compiling" and paths[-1] == "compiled"  # eager steps while the worker compiles
     assert paths.index("compiled") > 1, "the first steps must not wait for the compiler"
     assert auto.train_runner.compile_seconds is not None
     entries = list((shared_cache / "compiled").iterdir())

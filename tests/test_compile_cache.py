@@ -223,7 +223,7 @@ def test_a_train_step_removes_a_damaged_entry_and_compiles_again(tmp_path, monke
     _flip(entry)
     with pytest.warns(compiled.CompileWarning, match="removed and is compiled again"):
         _first_step(engine)
-    assert started == [1] and not entry.exists() and engine.train_runner.path == "eager"
+    assert started == [1] and not entry.exists() and engine.train_runner.path == "compiling"
 
 
 def test_a_train_step_in_an_untrusted_cache_runs_eagerly_and_says_how_to_fix_it(tmp_path, monkeypatch):

@@ -53,6 +53,7 @@ def test_the_measured_choice_follows_step_times(two_threads, monkeypatch):
     # re-try after one step's time, not 50: on a loaded machine a step's sleep overshoots
     # and 50x of it outlasted the 12 steps below (the choice never got re-tried)
     monkeypatch.setattr(threads, "_RETRY_SHARE", 1.0)
+    monkeypatch.setattr(threads, "_cores_idle", lambda count: True)  # whatever else this machine runs now
     policy = ThreadPolicy()
     slow_count = [2]
 
@@ -69,6 +70,41 @@ def test_the_measured_choice_follows_step_times(two_threads, monkeypatch):
     for _ in range(12):
         step()
     assert policy.count() == 2
+
+
+def test_while_a_compile_worker_runs_the_steps_leave_it_a_core(two_threads):
+    policy = ThreadPolicy()
+    for _ in range(5):
+        with policy.measured_scope(threads.COMPILING):
+            assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2 and policy._times == {}  # nothing measured, the caller's count back
+
+
+def test_a_retry_of_more_threads_waits_for_idle_cores(two_threads, monkeypatch):
+    monkeypatch.setattr(threads, "_MIN_RETRY_INTERVAL_S", 0.0)
+    monkeypatch.setattr(threads, "_RETRY_SHARE", 1.0)
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
+    load = [0.0]
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (load[0], load[0], load[0]))
+    policy = ThreadPolicy()
+    used = []
+
+    def step():
+        with policy.measured_scope("train"):
+            used.append(torch.get_num_threads())
+            time.sleep(0.01 if torch.get_num_threads() == 2 else 0.001)
+
+    for _ in range(7):  # warm-up, then three samples of each count: 1 wins
+        step()
+    load[0] = 2.0  # both cores busy (this process's thread and another process)
+    used.clear()
+    for _ in range(4):
+        step()
+    assert used == [1, 1, 1, 1]  # the re-try of 2 threads is put off
+    load[0] = 0.5
+    for _ in range(2):
+        step()
+    assert 2 in used[4:]  # and made once a core is idle
 
 
 def test_thread_setting_sources(monkeypatch):

@@ -50,6 +50,7 @@ from torch import fx
 
 from . import compile_cache, compile_worker
 from .compile_cache import cache_root
+from .threads import COMPILING
 
 if TYPE_CHECKING:
     from ..graph.specialize import SpecializedGraph
@@ -482,7 +483,10 @@ class TrainStepRunner:
 
     @property
     def path(self) -> str:
-        """Which code runs the train step now ("compiled" or "eager"): the thread policy measures each apart."""
+        """Which code runs the train step now, for the thread policy: "compiled" or "eager"
+        (measured apart), or `threads.COMPILING` (eager, while the worker holds a core)."""
+        if self._state in ("compiling", "loading"):
+            return COMPILING
         return "compiled" if self._state == "compiled" else "eager"
 
     def __call__(self, *tensors: torch.Tensor):

@@ -19,6 +19,11 @@ torch code keeps its setting.  `n` is
   (and half of it on larger machines), keep the fastest by the median wall time of the last
   few steps, and re-try the others from time to time, spending at most ~2% of the training
   time on re-tries, so the choice follows the machine's load.
+While a compile worker runs (compiled.py; the runner's path is then `COMPILING`), the eager
+steps use one thread fewer than the caller's count, unmeasured: the worker has a core, and
+an OpenMP region that waits for a thread sharing its core stalls for a scheduler slice
+(measured: 200 ms steps among 0.5 ms ones on 2 cores).  For the same reason a re-try of
+more threads is put off while the load average says the cores it needs are busy.
 Results may differ in the last bits between thread counts (reductions split differently),
 within float32 rounding; fix the count for bit-for-bit reproducible runs.
 """
@@ -36,6 +41,7 @@ THREADS_ENV = "ORT_TORCH_COMPAT_THREADS"
 _SAMPLES = 3  # measurements per candidate before it counts; the median of the last ones decides
 _RETRY_SHARE = 0.02  # at most this share of the training time goes to re-trying a slower count
 _MIN_RETRY_INTERVAL_S = 5.0
+COMPILING = "compiling"  # the runner's path while its compile worker holds a core
 
 
 def thread_setting(session_options: object = None) -> Optional[int]:
@@ -52,6 +58,16 @@ def thread_setting(session_options: object = None) -> Optional[int]:
     if not isinstance(requested, int) or isinstance(requested, bool) or requested < 0:
         raise ValueError(f"intra_op_num_threads must be a non-negative integer, got {requested!r}")
     return requested or None
+
+
+def _cores_idle(count: int) -> bool:
+    """Whether `count` more cores look idle: the 1-minute load average (which counts this
+    process's running thread) leaves them free.  True where the load cannot be read."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return True
+    return load + count <= (os.cpu_count() or 1) + 0.5
 
 
 def _median(samples: List[float]) -> float:
@@ -106,6 +122,10 @@ class ThreadPolicy:
             with self.scope():
                 yield
             return
+        if path == COMPILING:
+            with _with_threads(max(1, ceiling - 1)):
+                yield
+            return
         self._path = path
         key = (path, ceiling)
         count = self._next(key, ceiling)
@@ -126,7 +146,11 @@ class ThreadPolicy:
         best = self._chosen[key]
         if time.monotonic() >= self._retry_at:
             others = [c for c in times if c != best]
-            return min(others, key=lambda c: _median(times[c]))
+            retry = min(others, key=lambda c: _median(times[c]))
+            if retry > best and not _cores_idle(retry - best):
+                self._retry_at = time.monotonic() + _MIN_RETRY_INTERVAL_S  # busy now: ask again later
+                return best
+            return retry
         return best
 
     def _record(self, key: Tuple[str, int], count: int, seconds: float) -> None:
