@@ -77,6 +77,8 @@ def test_while_a_compile_worker_runs_the_steps_leave_it_a_core(two_threads):
     for _ in range(5):
         with policy.measured_scope(threads.COMPILING):
             assert torch.get_num_threads() == 1
+        with policy.scope():  # the optimizer step after it
+            assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == 2 and policy._times == {}  # nothing measured, the caller's count back
 
 

@@ -108,6 +108,8 @@ class ThreadPolicy:
         ceiling = torch.get_num_threads()
         if self.fixed is not None:
             return self.fixed
+        if self._path == COMPILING:  # the optimizer and eval steps leave the worker its core too
+            return max(1, ceiling - 1)
         return self._chosen.get((self._path, ceiling), ceiling)
 
     def scope(self) -> ContextManager[None]:
@@ -122,11 +124,11 @@ class ThreadPolicy:
             with self.scope():
                 yield
             return
+        self._path = path
         if path == COMPILING:
-            with _with_threads(max(1, ceiling - 1)):
+            with self.scope():
                 yield
             return
-        self._path = path
         key = (path, ceiling)
         count = self._next(key, ceiling)
         with _with_threads(count):
