@@ -64,12 +64,19 @@ SKIPPED: Dict[str, str] = {
         "the artifacts they make with onnxruntime-training",
     ".venv-gen/bin/python scripts/generate_fixture_artifacts.py gen_out --fixtures tests/fixtures/artifacts":
         "needs the environment of the line above; CI (.ci/run) runs it",
+    '.venv/bin/pip install -e ".[federated]"': "downloads Flower; CI (.ci/run) installs the same extra",
+    ".venv/bin/python examples/federated_flower.py --clients 3 --rounds 3 --out fl_run":
+        "needs the federated extra (Flower, Python >= 3.11); tests/test_federated.py runs this example and checks "
+        "every file it writes",
     ".venv/bin/pip install onnxscript": "downloads onnxscript (the examples here use dynamo=False instead)",
     ".venv/bin/torchrun --nproc_per_node 8 examples/ddp_train.py --device cuda --out ddp_run": NEEDS_8_GPUS,
     ".venv/bin/python -m pytest -q tests/test_cuda.py": NEEDS_GPU + "; the full suite above includes it",
     ".venv/bin/ort-torch-compat compile examples/artifacts/mlp_classifier --input features=8x2 --input labels=8":
         "compiles for up to minutes with a C++ compiler; tests/test_background_compile.py runs the same command on a "
         "fixture",
+    ".venv/bin/python scripts/benchmark.py --models lora vit bert lstm --size tiny --rounds 1 --fresh-seconds 120 "
+    "--backends ort ours --json tiny.json":
+        "runs for about 20 minutes with onnxruntime-training (the benchmark is the instrument, never a test)",
     ".venv/bin/python scripts/benchmark.py --background 0 2 --json bench.json":
         "runs for hours with onnxruntime-training (the benchmark is the instrument, never a test)",
     ".venv/bin/python scripts/measure_readme_figures.py --write --skip-quick --benchmark-json bench.json":
