@@ -20,34 +20,13 @@ from hypothesis import strategies as st
 
 import ort_torch_compat.api as api
 from ort_torch_compat.errors import OrtTorchCompatError
+from tests.byte_mutations import mutate, mutation
 from tests.conftest import FIXTURES
 
 SEED_CONFIGS = ["mlp_ce_adamw_op17", "cnn_ce_adamw_op17", "lstm_ce_adamw_op17", "transformer_ce_adamw_op17"]
 SEEDS = {name: (FIXTURES / name / "training_model.onnx").read_bytes() for name in SEED_CONFIGS}
 STATES = {name: api.CheckpointState.load_checkpoint(FIXTURES / name / "checkpoint") for name in SEED_CONFIGS}
 EXAMPLES = int(os.environ.get("ORT_TORCH_COMPAT_FUZZ_EXAMPLES", "120"))
-WORDS = [0, 1, 0x7F, 0xFF, 0x7FFFFFFF, 0xFFFFFFFF]
-
-mutation = st.one_of(
-    st.tuples(st.just("byte"), st.integers(0, 10**7), st.integers(0, 255)),
-    st.tuples(st.just("word"), st.integers(0, 10**7), st.sampled_from(WORDS)),
-    st.tuples(st.just("cut"), st.integers(0, 10**7), st.just(0)),
-)
-
-
-def mutate(data: bytes, steps) -> bytes:
-    buf = bytearray(data)
-    for kind, position, value in steps:
-        position %= len(buf)
-        if kind == "byte":
-            buf[position] = value
-        elif kind == "word":
-            buf[position:position + 4] = value.to_bytes(4, "little")
-        else:
-            del buf[position:]
-        if not buf:
-            break
-    return bytes(buf)
 
 
 def _feeds(module: api.Module) -> list:

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 import ort_torch_compat.api as api
 from ort_torch_compat.engine.model_io import load_model
 from ort_torch_compat.errors import ModelLoadError, OrtTorchCompatError
+from tests.byte_mutations import mutate, mutation
 from tests.conftest import FIXTURES
 
 ORT_FORMAT = FIXTURES / "ort_format"
@@ -37,28 +38,6 @@ TRAINING_SEEDS = [name for name in SEED_NAMES if name.endswith("/training_model.
 STATES = {name: api.CheckpointState.load_checkpoint(FIXTURES / name.split("/")[0] / "checkpoint")
           for name in TRAINING_SEEDS}
 EXAMPLES = int(os.environ.get("ORT_TORCH_COMPAT_FUZZ_EXAMPLES", "300"))
-WORDS = [0, 1, 4, 8, 0x7F, 0xFF, 0x7FFF, 0xFFFF, 0x7FFFFFFF, 0x80000000, 0xFFFFFFF0, 0xFFFFFFFF]
-
-mutation = st.one_of(
-    st.tuples(st.just("byte"), st.integers(0, 10**7), st.integers(0, 255)),
-    st.tuples(st.just("word"), st.integers(0, 10**7), st.sampled_from(WORDS)),
-    st.tuples(st.just("cut"), st.integers(0, 10**7), st.just(0)),
-)
-
-
-def mutate(data: bytes, steps) -> bytes:
-    buf = bytearray(data)
-    for kind, position, value in steps:
-        position %= len(buf)
-        if kind == "byte":
-            buf[position] = value
-        elif kind == "word":
-            buf[position:position + 4] = value.to_bytes(4, "little")
-        else:
-            del buf[position:]
-        if not buf:
-            break
-    return bytes(buf)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
