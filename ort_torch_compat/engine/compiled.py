@@ -476,8 +476,7 @@ class TrainStepRunner:
         self._state = "eager" if self.setting == "off" or device.type != "cpu" else "first"
         self._worker: Optional[compile_worker.CompileWorker] = None
         self._preload: Optional[threading.Thread] = None
-        self._directory: Optional[pathlib.Path] = None
-        self._meta: Optional[Dict] = None
+        self._entry: Optional[compile_cache.Entry] = None  # verified, being preloaded
         self._started = 0.0
         self._key = ""
 
@@ -497,7 +496,7 @@ class TrainStepRunner:
         elif self._state == "compiling" and self._worker.done():
             self._finish()
         elif self._state == "loading" and not self._preload.is_alive():
-            self._load(self._directory, self._meta)  # between two steps: no eager step is in flight
+            self._load(*self._entry)  # between two steps: no eager step is in flight
         if self._state == "compiled" and _signature(tensors) == self._signature:
             return self.compiled(tensors)
         return self.eager(*tensors)
@@ -572,21 +571,22 @@ class TrainStepRunner:
             if entry is None:
                 _report(self.label, f"the compiled step vanished from {cache_root() / self._key}")
             return
-        directory, meta = entry
         if self.setting == "on":
-            self._load(directory, meta)
+            self._load(*entry)
             return
         # The libraries are mapped and relocated by a thread (ctypes releases the GIL in
         # dlopen); the step that switches over then finds them loaded and pays ~0.1 ms.
-        self._directory, self._meta = directory, meta
-        self._preload = threading.Thread(target=_preload_libraries, args=(directory,), daemon=True,
+        self._entry = entry
+        self._preload = threading.Thread(target=_preload_libraries, args=(entry.directory,), daemon=True,
                                          name="ort_torch_compat preload")
         self._preload.start()
         self._state = "loading"
 
     def _load(self, directory: pathlib.Path, meta: Dict) -> None:
+        """Use the entry's compiled step from now on, or stay eager (once: never re-tried per step)."""
         from ..graph.specialize import lifted_constants
 
+        self._state, self._entry = "eager", None
         try:
             _check_layout(meta)
         except ValueError as error:
@@ -603,4 +603,3 @@ class TrainStepRunner:
             self._state = "compiled"
         except Exception as error:  # noqa: BLE001
             _report(self.label, f"cannot load the compiled step from {directory} ({type(error).__name__}: {error})")
-            self._state = "eager"
