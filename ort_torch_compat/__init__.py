@@ -14,9 +14,9 @@ _SESSION_EXPORTS = ("TrainingSession", "load_checkpoint", "load_checkpoint_from_
 
 def __getattr__(name):
     if name in _SESSION_EXPORTS:
-        from . import session
+        from . import capi_session
 
-        return getattr(session, name)
+        return getattr(capi_session, name)
     if name == "to_torch_module":  # ORT artifacts as a plain torch.nn.Module (ort_torch_compat.migrate)
         from .migrate import to_torch_module
 

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ort_torch_compat.api as api
-from ort_torch_compat import session as capi
+from ort_torch_compat import capi_session as capi
 from ort_torch_compat.codec import CheckpointFormatError, decode_checkpoint, encode_checkpoint
 from ort_torch_compat.errors import InvalidInputError, ModelLoadError, ModelMismatchError, ReleasedError
 from tests.conftest import FIXTURES, load_spec

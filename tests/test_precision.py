@@ -246,7 +246,7 @@ def model_bytes() -> bytes:
 def _legacy_session(monkeypatch, model, provider_options, sess_options=None):
     """A legacy session whose chosen provider is CUDAExecutionProvider with `provider_options`;
     the device stays the CPU (there may be no GPU), the engine takes the CUDA precision path."""
-    from ort_torch_compat.legacy import session as legacy_session
+    from ort_torch_compat.legacy import training_session as legacy_session
     from ort_torch_compat.legacy.session_info import CPU
 
     def resolve(providers, options):

@@ -41,7 +41,7 @@ import torch
 
 import ort_torch_compat.api as ours_on_cpu
 from ort_torch_compat.graph import UnsupportedOperatorError
-from ort_torch_compat.graph import registry
+from ort_torch_compat.graph import converter_registry as registry
 from tests.conftest import FIXTURES
 from tests.float64_replay import FLOAT64_API, to_float64
 from tests.parity_rule import CondensedRecord, for_fixture, judge, unpack

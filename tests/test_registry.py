@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from ort_torch_compat.graph import registry
+from ort_torch_compat.graph import converter_registry as registry
 
 
 def test_duplicate_registration_is_refused(monkeypatch):

@@ -29,7 +29,7 @@ from .dtypes import (
 )
 from .encode import encode_checkpoint, encode_checkpoint_segments, external_alignment, write_checkpoint
 from .errors import CheckpointError, CheckpointFormatError
-from .layout import (
+from .writer_layouts import (
     ARTIFACT_EXTERNAL_MIN_TENSOR_BYTES,
     ARTIFACT_EXTERNAL_THRESHOLD_BYTES,
     artifact_external_min_bytes,

@@ -25,7 +25,7 @@ import contextlib
 from typing import Callable, ContextManager, Dict, List, Optional, Tuple, Union
 
 from ..atomic_files import AtomicSave
-from .builder import Buffer, BuilderSizeError, SegmentBuilder
+from .streaming_builder import Buffer, BuilderSizeError, SegmentBuilder
 from .decode import Payload
 from .dtypes import TensorDataType, element_size
 from .records import CheckpointRecord, PropertyValue, TensorRecord

@@ -21,7 +21,7 @@ from ..codec import (
     write_checkpoint,
 )
 from ..codec.dtypes import torch_dtype
-from ..codec.layout import ARTIFACT_EXTERNAL_THRESHOLD_BYTES, state_writer_external_min_bytes
+from ..codec.writer_layouts import ARTIFACT_EXTERNAL_THRESHOLD_BYTES, state_writer_external_min_bytes
 from .state import OptimizerState, ParameterSlot, TrainingState
 
 PathLike = Union[str, "os.PathLike[str]"]

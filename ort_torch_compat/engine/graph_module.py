@@ -17,7 +17,7 @@ from ..errors import ModelMismatchError
 from .io_spec import names
 from .model_io import opset_map
 from .state import TrainingState
-from .training_graph import GraphIO
+from .graph_io import GraphIO
 
 if TYPE_CHECKING:
     import onnx

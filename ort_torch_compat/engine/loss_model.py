@@ -21,7 +21,7 @@ from onnx import numpy_helper
 from .io_spec import ValueSpec, value_spec
 from .state import ParameterSlot, TrainingState
 from .training_engine import TrainingEngine
-from .training_graph import GraphIO
+from .graph_io import GraphIO
 
 
 @dataclass

@@ -25,7 +25,7 @@ from .state import TrainingState
 from .step_failure import raise_explained
 from .string_inputs import StringCasts
 from .threads import ThreadPolicy, thread_setting, threaded
-from .training_graph import GraphIO, check_eval_matches, check_parameter_types, eval_io, training_io
+from .graph_io import GraphIO, check_eval_matches, check_parameter_types, eval_io, training_io
 
 if TYPE_CHECKING:
     import onnx

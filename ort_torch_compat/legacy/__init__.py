@@ -5,7 +5,7 @@
 See docs/legacy.md for what is supported, and the optimizer formulas.
 """
 from .training_parameters import TrainingParameters
-from .session import TrainingSession
+from .training_session import TrainingSession
 from .session_info import ModelMetadata, NodeArg, SessionOptions
 
 __all__ = ["TrainingSession", "TrainingParameters", "NodeArg", "ModelMetadata", "SessionOptions"]

@@ -38,7 +38,7 @@ from ..engine.graph_module import build_module, frozen_parameters, io_for_output
 from ..engine.io_spec import check_inputs
 from ..engine.model_io import ModelSource, describe, load_model
 from ..engine.state import TrainingState
-from ..engine.training_graph import GraphIO, check_parameter_types, eval_io, training_io
+from ..engine.graph_io import GraphIO, check_parameter_types, eval_io, training_io
 from ..errors import InvalidInputError, ModelMismatchError
 from .state_dict import MigrationError, _as_state, state_dict_to_checkpoint
 

@@ -80,15 +80,15 @@ class TrainingBlock(blocks.Block):
 
     def __call__(self, *args, **kwargs):
         # Imported here: ort_torch_compat.artifacts imports this package.
-        from ..artifacts import training_graph
+        from ..artifacts import training_model
 
         self.base = accessor.current().model
         output = self.build(*args, **kwargs)
         model = self.infer_shapes_on_base()
         _graph_utils.register_graph_outputs(model, output)
-        self._parameters = training_graph.get_model_parameters(model, self._requires_grad, self._frozen_params)
-        self._training_model, self._eval_model = training_graph.build_gradient_graph(
+        self._parameters = training_model.get_model_parameters(model, self._requires_grad, self._frozen_params)
+        self._training_model, self._eval_model = training_model.build_gradient_graph(
             model, self._requires_grad, self._frozen_params, output)
-        training_graph.build_gradient_accumulation_graph(self._training_model, self._requires_grad)
+        training_model.build_gradient_accumulation_graph(self._training_model, self._requires_grad)
         accessor.current().model.CopyFrom(self._training_model)
         return output

@@ -5,8 +5,8 @@ one module of gradient builders per op family, registered in ``registry``.
 """
 from typing import List, Tuple
 
-from . import registry
-from .builder import add_gradient_graph
+from . import gradient_registry
+from .backward_builder import add_gradient_graph
 from .forward import REWRITTEN_OPS
 
 
@@ -16,7 +16,7 @@ def supported_ops() -> List[Tuple[str, str]]:
     Includes the ops the training model rewrites first (BatchNormalization, LSTM, GRU)
     besides those with a gradient builder of their own.
     """
-    return sorted(set(registry.supported_ops()) | REWRITTEN_OPS)
+    return sorted(set(gradient_registry.supported_ops()) | REWRITTEN_OPS)
 
 
 __all__ = ["add_gradient_graph", "supported_ops"]

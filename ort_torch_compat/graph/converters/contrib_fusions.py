@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..registry import register
+from ..converter_registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 from .convolution import Conv
 from .gemm import Gemm

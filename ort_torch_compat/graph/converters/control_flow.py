@@ -9,7 +9,7 @@ import onnx
 import torch
 
 from ..options import current, current_opsets
-from ..registry import register
+from ..converter_registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
 
@@ -34,7 +34,7 @@ def outer_names(graph: onnx.GraphProto) -> List[str]:
 
 
 def _body(graph: onnx.GraphProto, outer: Sequence[str], label: str) -> torch.nn.Module:
-    from ..builder import build_graph_module
+    from ..module_builder import build_graph_module
 
     inputs = [value.name for value in graph.input] + list(outer)
     outputs = [value.name for value in graph.output]

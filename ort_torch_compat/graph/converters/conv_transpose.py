@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..registry import register
+from ..converter_registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
 _CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}

@@ -7,7 +7,7 @@ from typing import List, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..registry import register
+from ..converter_registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..gradient_quirks import ort_gradient, reproduce_ort_gradients
-from ..registry import register
+from ..converter_registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, constants_or_fed, result, scalar
 
 

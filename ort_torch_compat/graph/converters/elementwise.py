@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..gradient_quirks import ort_gradient, reproduce_ort_gradients
-from ..registry import register
+from ..converter_registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, constants_or_fed, result
 
 

@@ -5,7 +5,7 @@ import torch
 
 from ..fusion import FUSED_DOMAIN
 from ..dense_kernel import linear
-from ..registry import register
+from ..converter_registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..dense_kernel import linear
-from ..registry import register
+from ..converter_registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
 

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..registry import register
+from ..converter_registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, constants_or_fed, result, scalar
 
 

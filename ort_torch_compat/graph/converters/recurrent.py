@@ -19,7 +19,7 @@ from typing import Callable, List, Optional, Sequence
 import torch
 
 from ..dense_kernel import plain_aten_active
-from ..registry import register
+from ..converter_registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 from .named_activations import named_activation
 

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..registry import register
+from ..converter_registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, constants_or_fed, result
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import register
+from ..converter_registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 from .casting import torch_dtype
 

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import torch
 
-from ..registry import register
+from ..converter_registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 from .casting import torch_dtype
 

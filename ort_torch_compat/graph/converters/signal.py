@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from ..registry import register
+from ..converter_registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 from .casting import torch_dtype
 

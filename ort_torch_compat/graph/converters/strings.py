@@ -8,7 +8,7 @@ import re
 import numpy as np
 import torch
 
-from ..registry import register
+from ..converter_registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
 STRING_OPS = frozenset({"StringNormalizer", "RegexFullMatch", "StringConcat", "StringSplit"})

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import register
+from ..converter_registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, constants_or_fed, result
 
 

@@ -1,2 +1,2 @@
 """Gradient builders, one module per op family; importing this package registers them all."""
-from . import activations, conv_pool, dropout_loss, elementwise, matmul, normalization, recurrent, reductions, shape_ops  # noqa: F401
+from . import activation_grads, conv_pool_grads, dropout_loss_grads, elementwise_grads, matmul_grads, normalization_grads, recurrent_grads, reduction_grads, shape_grads  # noqa: F401

@@ -9,7 +9,7 @@ gradients nobody needs still get (unused) names.
 from __future__ import annotations
 
 from ..context import MS_DOMAIN, GradientContext
-from ..registry import register
+from ..gradient_registry import register
 
 BATCH_NORM_DEFAULT_EPSILON = 1e-5
 

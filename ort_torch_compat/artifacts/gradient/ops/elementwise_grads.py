@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from ..context import GradientContext
-from ..registry import register
+from ..gradient_registry import register
 
 
 def _reduced(ctx: GradientContext, grad: str, target_slot: int, output: str) -> None:

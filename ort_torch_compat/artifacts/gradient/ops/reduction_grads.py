@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Optional, Union
 
 from ..context import MS_DOMAIN, GradientContext
-from ..registry import register
+from ..gradient_registry import register
 
 
 def _axes(ctx: GradientContext, attribute_until: int) -> Optional[Union[str, list]]:

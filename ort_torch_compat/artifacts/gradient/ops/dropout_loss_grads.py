@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..context import MS_DOMAIN, GradientContext
-from ..registry import register
+from ..gradient_registry import register
 
 
 @register("Dropout", inputs=(0,))

@@ -11,7 +11,7 @@ from typing import List
 
 from ..context import MS_DOMAIN, GradientContext, broadcast_reduction_axes
 from ..graph_index import is_static
-from ..registry import register
+from ..gradient_registry import register
 
 
 def _weight_grad_2d(ctx: GradientContext) -> None:

@@ -25,7 +25,7 @@ from .errors import GraphConversionError, UnsupportedOperatorError
 from .fusion import fuse_matmul_bias
 from .options import ConversionOptions, converting_with
 from .converters.strings import STRING_OPS
-from .registry import find_converter, is_ours
+from .converter_registry import find_converter, is_ours
 
 NOT_TRAINABLE = "strings cannot be part of a training graph (torch has no string tensors)"
 

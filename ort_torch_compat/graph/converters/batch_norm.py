@@ -1,15 +1,16 @@
-"""BatchNormalization (ONNX and ORT's BatchNormInternal) and LayerNormalization.
+"""BatchNormalization (ONNX 6/7, 9, 14, 15) and ORT's BatchNormInternal (com.microsoft).
 
 BatchNorm in training mode must reproduce ORT, not torch: ORT updates the running
 variance with the *biased* batch variance and writes the running stats in place into the
-frozen parameters of the checkpoint state during train_step.
+frozen parameters of the checkpoint state during train_step.  BatchNormalization-6/7
+(`is_test`/`spatial` attributes) runs as inference, as in ORT.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ..registry import register
+from ..converter_registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
 
@@ -51,29 +52,13 @@ register("BatchNormalization", 9, 14, 15)(_batch_norm(0))
 register("BatchNormInternal", 1, domain="com.microsoft")(_batch_norm(1))
 
 
-class LayerNorm(OnnxModule):
-    """`statistics`: also return Mean and InvStdDev (ONNX's optional outputs 1 and 2)."""
-
-    def __init__(self, axis: int, epsilon: float, statistics: bool = False):
-        super().__init__()
-        self.axis, self.epsilon, self.statistics = axis, epsilon, statistics
-
-    def forward(self, x, scale, bias=None):
-        axis = self.axis if self.axis >= 0 else x.dim() + self.axis
-        shape = x.shape[axis:]
-        if scale.shape != shape:
-            scale = scale.expand(shape)
-        if bias is not None and bias.shape != shape:
-            bias = bias.expand(shape)
-        if not self.statistics:
-            return F.layer_norm(x, shape, scale, bias, self.epsilon)
-        return torch.native_layer_norm(x, shape, scale, bias, self.epsilon)
-
-
-# ai.onnx version 1: ORT's own schema below opset 17 (written by its LayerNormFusion), the
-# semantics, attributes and optional outputs of ONNX's LayerNormalization-17.
-@register("LayerNormalization", 1, 17)
-@register("LayerNormalization", 1, domain="com.microsoft")
-def _layer_norm(node: OnnxNode, graph: OnnxGraph):
+@register("BatchNormalization", 6, 7)
+def _batch_norm_legacy(node: OnnxNode, graph: OnnxGraph):
+    """BatchNormalization-6/7: ORT runs these as inference (is_test/spatial=1); training
+    graphs carry BatchNormInternal instead."""
     a = node.attributes
-    return result(LayerNorm(a.get("axis", -1), a.get("epsilon", 1e-5), len(node.output_values) > 1), node)
+    if not a.get("spatial", 1):
+        raise NotImplementedError("BatchNormalization with spatial=0")
+    if len(node.output_values) > 1:
+        raise NotImplementedError("BatchNormalization-6/7 with running-stat or saved outputs in use")
+    return result(BatchNorm(float(a.get("epsilon", 1e-5)), float(a.get("momentum", 0.9)), False), node)

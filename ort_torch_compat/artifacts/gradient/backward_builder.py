@@ -24,7 +24,7 @@ from ..errors import ArtifactGenerationError, UnsupportedGradientError
 from . import forward
 from .context import GradientContext
 from .graph_index import GraphIndex
-from .registry import GradientBuilder, lookup
+from .gradient_registry import GradientBuilder, lookup
 
 ORT_DOMAINS = (
     ("ai.onnx.ml", 5), ("ai.onnx.training", 1), ("ai.onnx.preview.training", 1), ("com.microsoft", 1),

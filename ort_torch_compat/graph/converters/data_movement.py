@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..registry import register
+from ..converter_registry import register
 from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, result
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import List, Sequence
 
 from ..context import MS_DOMAIN, GradientContext
-from ..registry import register
+from ..gradient_registry import register
 
 
 

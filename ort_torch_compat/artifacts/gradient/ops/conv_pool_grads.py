@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from ..context import MS_DOMAIN, GradientContext
-from ..registry import register
+from ..gradient_registry import register
 
 
 @register("Conv")

@@ -9,7 +9,7 @@ import numpy as np
 from onnx import numpy_helper
 
 from ..context import MS_DOMAIN, GradientContext
-from ..registry import register
+from ..gradient_registry import register
 
 
 @register("Reshape", "Flatten", inputs=(0,))
