@@ -174,7 +174,7 @@ def profile(directory: pathlib.Path, rounds: int, steps: int, kind: str, cprofil
     tensors, out_kind = to_tensors(feeds_ours)
     feeds = engine._feeds(tensors, engine.train_io, engine._train_batch, engine.train_strings, "train step")
 
-    forward = getattr(engine, "_forward", None) or (lambda f: engine.train_runner(*f, *params))
+    forward = getattr(engine, "_forward", None) or (lambda f: engine.train_runner.eager(*f, *params))
 
     def phase_forward():
         with torch.enable_grad():

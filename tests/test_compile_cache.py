@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from ort_torch_compat.api import CheckpointState
-from ort_torch_compat.engine import TrainingEngine, compile_cache, compile_worker, compiled
+from ort_torch_compat.engine import TrainingEngine, compile_cache, compile_key, compile_worker, compiled, compiled_step
 from ort_torch_compat.legacy import SessionOptions
 from tests.conftest import FIXTURES
 
@@ -217,8 +217,8 @@ def test_a_train_step_removes_a_damaged_entry_and_compiles_again(tmp_path, monke
     engine = _engine(tmp_path, monkeypatch)
     started = []
     monkeypatch.setattr(compile_worker, "start", lambda *a, **k: started.append(1) or _NeverDone())
-    monkeypatch.setattr(compiled, "CompiledTrainStep", lambda *a: pytest.fail("a damaged entry was loaded"))
-    key = compiled.graph_key(engine.train_module, engine.train_tensors(_inputs(engine)))
+    monkeypatch.setattr(compiled_step, "CompiledTrainStep", lambda *a: pytest.fail("a damaged entry was loaded"))
+    key = compile_key.graph_key(engine.train_module, engine.train_tensors(_inputs(engine)))
     entry = _publish(tmp_path / "compiled", key)
     _flip(entry)
     with pytest.warns(compiled.CompileWarning, match="removed and is compiled again"):

@@ -21,7 +21,7 @@ import torch
 from torch import fx, nn
 
 from ort_torch_compat.api import CheckpointState
-from ort_torch_compat.engine import TrainingEngine, compile_cache, compile_worker, compiled
+from ort_torch_compat.engine import TrainingEngine, compile_build, compile_cache, compile_key, compile_worker, compiled
 from ort_torch_compat.graph.specialize import NotSpecializable, specialize
 from ort_torch_compat.legacy import SessionOptions
 from tests.conftest import FIXTURES, ROOT, load_spec
@@ -194,7 +194,7 @@ class _InlineWorker:
     def __init__(self, recipe, tensors, key, root, background):
         _InlineWorker.started.append(background)
         self._polls = _InlineWorker.pending
-        self._result = compiled.build_entry(recipe.build(), tensors, key, root)
+        self._result = compile_build.build_entry(recipe.build(), tensors, key, root)
 
     def done(self):
         self._polls -= 1
@@ -241,12 +241,12 @@ def test_a_refused_graph_is_remembered(monkeypatch, tmp_path, inline_worker):
 def test_cache_key_follows_shapes_and_graph_not_parameter_values():
     engine, spec = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "off"})
     tensors = _feeds(engine, spec, 1) + engine._train_params
-    key = compiled.graph_key(engine.train_module, tensors)
-    assert compiled.graph_key(engine.train_module, [t.detach() * 2 for t in tensors[:1]] + tensors[1:]) == key
-    assert compiled.graph_key(engine.train_module, [tensors[0][:1]] + tensors[1:]) != key
+    key = compile_key.graph_key(engine.train_module, tensors)
+    assert compile_key.graph_key(engine.train_module, [t.detach() * 2 for t in tensors[:1]] + tensors[1:]) == key
+    assert compile_key.graph_key(engine.train_module, [tensors[0][:1]] + tensors[1:]) != key
     other, other_spec = _engine("mlp_l1_adamw_op17", **{compiled.CONFIG_KEY: "off"})
     other_tensors = _feeds(other, other_spec, 1) + other._train_params
-    assert compiled.graph_key(other.train_module, other_tensors) != key
+    assert compile_key.graph_key(other.train_module, other_tensors) != key
     np.testing.assert_equal(len(key), 32)
 
 
@@ -260,7 +260,7 @@ def test_auto_compiles_in_the_background_from_the_first_step(monkeypatch, tmp_pa
     def failing_compile(spec, tensors, directory):
         raise OSError("compiler crashed (test)")
 
-    monkeypatch.setattr(compiled, "_compile", failing_compile)
+    monkeypatch.setattr(compile_build, "_compile", failing_compile)
     inline_worker.pending = 2
     engine, spec = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "auto"})
     states = []

@@ -1,6 +1,6 @@
 """Where compiled train steps live on disk, and what makes an entry trusted.
 
-An entry is a directory named by its cache key (`compiled.graph_key`) holding the two
+An entry is a directory named by its cache key (`compile_key.graph_key`) holding the two
 libraries and `meta.json`.  It is built in a scratch directory beside it and renamed into
 place, so a reader sees a complete entry or none.  Scratch directories are named
 `.KEY-HOST-PID-RANDOM`: whoever built one can be told apart, and one whose process is gone

@@ -9,7 +9,7 @@ The parent sends the child, through its stdin, a pickle it made itself (never on
 a file): the `ModuleRecipe` of the train module (the ONNX model and build flags, because a
 converted module holds closures that do not pickle), the example tensors of the first batch
 and the cache key.  The child rebuilds the module, checks that it hashes to the same key
-(the same graph), then specializes, compiles, checks and times it (`compiled.build_entry`)
+(the same graph), then specializes, compiles, checks and times it (`compile_build.build_entry`)
 and publishes the entry atomically (`compile_cache.publish`).  It answers with one JSON line
 on stdout.  The parent polls it between train steps (`CompileWorker.done`, one `waitpid`).
 
@@ -154,16 +154,16 @@ def _child() -> Dict:
         os.nice(job["nice"])
     import torch
 
-    from . import compiled
+    from . import compile_build, compile_key
 
     torch.set_num_threads(1)
     tensors: List[torch.Tensor] = job["tensors"]
     module = job["recipe"].build()
-    rebuilt_key = compiled.graph_key(module, tensors)
+    rebuilt_key = compile_key.graph_key(module, tensors)
     if rebuilt_key != key:
         return {"status": "failed", "reason": f"the compile worker built another graph (key {rebuilt_key}, "
                 f"expected {key}): the library's files changed while training ran?"}
-    return compiled.build_entry(module, tensors, key, root)
+    return compile_build.build_entry(module, tensors, key, root)
 
 
 def main() -> int:

@@ -3,7 +3,7 @@
 `precompile` builds the training engine for the artifacts, makes one batch of the given
 input shapes (values do not matter for the cache key: normal floats, ones for integers and
 booleans, "1" for strings), and compiles, checks, times and caches the step exactly as
-the background compile does (`compiled.build_entry`), in this process.  Run it at install
+the background compile does (`compile_build.build_entry`), in this process.  Run it at install
 or build time on the machine (or one of the same CPU and torch) that will train; the
 `ort-torch-compat compile` command wraps it.
 """
@@ -17,7 +17,7 @@ from typing import Dict, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from ..errors import InvalidArgumentError
-from . import compile_cache, compiled
+from . import compile_build, compile_cache, compile_key, compiled
 from .compile_cache import cache_root
 from .checkpoint_io import load_state
 from .io_spec import tensor_from_array
@@ -87,7 +87,7 @@ def precompile(training_model: PathLike, checkpoint: PathLike, shapes: Mapping[s
         example = _example(shapes[spec.name], dtype)
         inputs.append(example if dtype.kind == "O" else tensor_from_array(example, spec.name))
     tensors = engine.train_tensors(inputs)
-    key = compiled.graph_key(engine.train_module, tensors)
+    key = compile_key.graph_key(engine.train_module, tensors)
     root = cache_root()
     directory = root / key
     try:
@@ -101,5 +101,5 @@ def precompile(training_model: PathLike, checkpoint: PathLike, shapes: Mapping[s
         meta = entry.meta
         return PrecompileResult("refused" if "refused" in meta else "cached", str(directory), meta.get("refused", ""))
     begin = time.perf_counter()
-    result: Dict = compiled.build_entry(engine.train_module, tensors, key, root)
+    result: Dict = compile_build.build_entry(engine.train_module, tensors, key, root)
     return PrecompileResult(result["status"], str(directory), result.get("reason", ""), time.perf_counter() - begin)

@@ -16,6 +16,7 @@ from ..errors import InvalidInputError, ModelLoadError, NominalStateError
 from .device import parse_device
 from .graph_module import ModuleRecipe, build_module, direct_calls, frozen_parameters
 from .compiled import TrainStepRunner
+from .compiled_step import Observer
 from .host_allocator import tune_host_allocator
 from .io_spec import BatchCheck, StepInput, check_inputs, names
 from .model_io import ModelSource, describe, load_model
@@ -169,7 +170,10 @@ class TrainingEngine:
             self._train_params
 
     @threaded(lambda engine: engine.threads, measure=lambda engine: engine.train_runner.path)
-    def train_step(self, inputs: Sequence[StepInput]) -> List[torch.Tensor]:
+    def train_step(self, inputs: Sequence[StepInput], observe: Optional[Observer] = None) -> List[torch.Tensor]:
+        """Forward and backward of the training model on `inputs`; the gradients are added to
+        (or, after `lazy_reset_grad`, replace) the parameters' `.grad`.  `observe(parameter,
+        gradient)`, where given, sees each parameter's gradient of this step."""
         if self.state.is_nominal:
             raise NominalStateError(f"{NOMINAL_TRAIN_STEP} {LOAD_HINT}")
         feeds = self._feeds(inputs, self.train_io, self._train_batch, self.train_strings, "train step")
@@ -179,11 +183,7 @@ class TrainingEngine:
                 previous_grads = [tensor.grad for tensor in self.store.trainable]
                 self.store.release_grads()
             try:
-                with torch.enable_grad():
-                    outputs = self.train_runner(*feeds, *self._train_params)
-                    loss = outputs[0]
-                    if loss.requires_grad:
-                        loss.backward(torch.ones_like(loss) if loss.dim() else None)
+                outputs = self.train_runner.train_step([*feeds, *self._train_params], observe)
             except BaseException as error:  # a failed step leaves the gradients as they were, as ORT's does
                 if previous_grads is not None:
                     for tensor, grad in zip(self.store.trainable, previous_grads):
@@ -218,19 +218,14 @@ class TrainingEngine:
     def train_step_with_gradients(self, inputs: Sequence[torch.Tensor]) -> Tuple[List[torch.Tensor], Dict[str, torch.Tensor]]:
         """`train_step`, also returning this step's own gradient of every trainable parameter
         by name (not the accumulated sum; zeros where the loss does not reach a parameter)."""
+        index_of = {id(tensor): i for i, tensor in enumerate(self.store.trainable)}
         captured: Dict[int, torch.Tensor] = {}
 
-        def keep(index: int):
-            def hook(grad: torch.Tensor) -> None:
-                captured[index] = grad.detach().clone()  # autograd may add later steps into `grad`
-            return hook
+        def keep(tensor: torch.Tensor, grad: torch.Tensor) -> None:
+            if id(tensor) in index_of:  # a copy: later steps add into `grad`
+                captured[index_of[id(tensor)]] = grad.detach().clone()
 
-        handles = [tensor.register_hook(keep(i)) for i, tensor in enumerate(self.store.trainable)]
-        try:
-            outputs = self.train_step(inputs)
-        finally:
-            for handle in handles:
-                handle.remove()
+        outputs = self.train_step(inputs, keep)
         grads = {name: captured[i] if i in captured else torch.zeros_like(tensor)
                  for i, (name, tensor) in enumerate(zip(self.store.trainable_names, self.store.trainable))}
         return outputs, grads

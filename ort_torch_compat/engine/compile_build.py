@@ -1,0 +1,221 @@
+"""Compiling a train step: specialize, split, build, check and time; then publish the entry.
+
+graph/specialize.py turns the converted module into a functional aten graph for the first
+batch's shapes; AOTAutograd splits it into a forward graph (which also returns the
+activations the backward needs) and a backward graph; AOTInductor compiles each into a
+shared library.  After the build the compiled step is checked once against the module on
+the same inputs (a disagreement refuses the entry) and both are timed: the runner uses the
+compiled step only where it is faster (convolution-heavy graphs such as ResNet-18 gain
+nothing: their time is in the same oneDNN kernels either way).  Runs in the compile worker
+(compile_worker.py) or, ahead of time, in precompile.py.
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import os
+import pathlib
+import shutil
+import time
+from typing import TYPE_CHECKING, Callable, Dict, List, Sequence, Tuple
+
+import torch
+from torch import fx
+
+from . import compile_cache
+from .compile_key import tensor_bytes
+from .compiled_step import CompiledTrainStep, eager_train_step
+
+if TYPE_CHECKING:
+    from ..graph.specialize import SpecializedGraph
+
+_CHECK_RTOL, _CHECK_ATOL, _CHECK_GRAD_RTOL = 1e-3, 1e-5, 0.05
+_TIMED_ROUNDS = 5  # eager/compiled step pairs timed after a cold compile
+
+
+def _compile(spec: "SpecializedGraph", tensors: Sequence[torch.Tensor], directory: pathlib.Path) -> Dict:
+    """AOTAutograd split + AOTInductor build of `spec` into `directory`; returns the layout."""
+    import torch._inductor  # noqa: F401  (heavy: imported only when compiling)
+    from ..graph.specialize import NotSpecializable
+    from torch._functorch.aot_autograd import aot_function, make_boxed_func
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    captured: Dict[str, Tuple[fx.GraphModule, list]] = {}
+
+    def capture(kind: str):
+        def compiler(graph: fx.GraphModule, example_inputs: list):
+            captured[kind] = (graph, list(example_inputs))
+            return make_boxed_func(graph)
+
+        return compiler
+
+    import torch._inductor.lowering  # noqa: F401  (its decompositions consult the lowerings)
+    from torch._inductor.decomposition import select_decomp_table
+
+    # TorchInductor's own decompositions (as torch.compile applies them): the forward and the
+    # backward graph then agree on what every saved activation means.
+    joint = aot_function(spec.module, fw_compiler=capture("forward"), bw_compiler=capture("backward"),
+                         partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
+    args = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+    args += [c.detach().clone() for c in spec.constants]
+    results = joint(*args)
+    grad_outputs = [i for i, value in enumerate(results) if value.requires_grad]
+    if not grad_outputs:
+        raise NotSpecializable("no output depends on a trainable parameter")
+    torch.autograd.backward([results[i] for i in grad_outputs], [torch.ones_like(results[i]) for i in grad_outputs])
+    forward_graph, forward_inputs = captured["forward"]
+    backward_graph, backward_inputs = captured["backward"]
+    backward_outputs = list(next(n for n in reversed(backward_graph.graph.nodes) if n.op == "output").args[0])
+    tangents = [n for n in backward_graph.graph.nodes if n.op == "placeholder" and n.name.startswith("tangents")]
+    if len(tangents) != len(grad_outputs):
+        raise NotSpecializable(f"backward graph takes {len(tangents)} output gradients, expected {len(grad_outputs)}")
+    _build_library(directory, "forward", forward_graph, forward_inputs)
+    # The backward library is built for the activations the forward library really returns:
+    # the compiler picks their memory layouts (channels-last convolutions...), which the
+    # traced graph does not know, and compiled code trusts the strides it was built for.
+    forward_library = torch._C._aoti.AOTIModelContainerRunnerCpu(str(directory / "forward.so"), 1)
+    with torch.no_grad():
+        activations = forward_library.run([a.detach().contiguous() for a in args])[len(results):]
+    del forward_library
+    tangent_examples = [torch.ones(t.shape, dtype=t.dtype) for t in backward_inputs[len(activations):]]
+    _build_library(directory, "backward", backward_graph, activations + tangent_examples)
+    for leftover in directory.iterdir():  # generated sources and objects: not needed to load
+        if leftover.suffix not in (".so", ".json"):
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+        elif leftover.name.startswith("c") and "." in leftover.stem:
+            leftover.unlink()
+    return {
+        "num_outputs": spec.num_outputs,
+        "mutated": spec.mutated,
+        "grad_outputs": grad_outputs,
+        "no_grad_inputs": [i for i, value in enumerate(backward_outputs) if value is None],
+        "activation_strides": [list(a.stride()) for a in activations],
+    }
+
+def _build_library(directory: pathlib.Path, name: str, graph: fx.GraphModule, example_inputs: list) -> None:
+    """AOTInductor: `graph` for these example inputs (shapes and strides) -> directory/name.so."""
+    import torch._inductor
+
+    before = set(directory.glob("*.wrapper.json"))
+    threads = max(torch.get_num_threads(), os.cpu_count() or 1)
+    options = {"aot_inductor.output_path": str(directory / f"{name}.so"), "cpp.dynamic_threads": True,
+               "cpp.threads": threads}
+    torch._inductor.aot_compile(graph, tuple(example_inputs), options=options)
+    # Operators without a C shim run through a proxy executor described by a JSON file,
+    # which the runner looks for next to the library, under the library's name.
+    for extern in set(directory.glob("*.wrapper.json")) - before:
+        shutil.copyfile(extern, directory / f"{name}.json")
+
+def _elementwise_excess(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Excess of max |actual - expected| over 1e-5 + 1e-3*max|expected| (<= 0: within)."""
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        return float("inf")
+    if not expected.dtype.is_floating_point:
+        return 0.0 if torch.equal(actual, expected) else float("inf")
+    if not expected.numel():
+        return 0.0
+    scale = expected.abs().max().item()
+    return (actual - expected).abs().max().item() - (_CHECK_ATOL + _CHECK_RTOL * scale)
+
+def _norm_excess(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Excess of ||actual - expected|| over 5% of ||expected|| (plus 1e-5 per element)."""
+    if actual.shape != expected.shape:
+        return float("inf")
+    tolerance = _CHECK_GRAD_RTOL * expected.norm().item() + _CHECK_ATOL * expected.numel() ** 0.5
+    return (actual - expected).norm().item() - tolerance
+
+def _self_check(step: CompiledTrainStep, module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -> None:
+    """One step both ways on copies of the inputs (the module's buffers restored after each).
+
+    Outputs, updated inputs (running statistics) and buffers must agree elementwise within
+    float32 rounding.  Gradients are compared by norm: a ReLU network's gradient jumps where
+    an activation is exactly 0, so a rounding-level difference in the forward pass can route
+    one element's gradient differently, and BatchNorm's backward spreads that over the
+    channel (measured on ResNet-18: up to 3% of a gradient's norm on some batches, 1e-5 on
+    others); a wrong wiring or a miscompiled kernel is off by the whole norm."""
+    from ..graph.specialize import NotSpecializable
+
+    snapshot = [buffer.detach().clone() for buffer in module.buffers()]
+
+    def run(train: Callable) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+        copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+        try:
+            outputs = train(copies)
+            values = [o.detach() for o in outputs] + [c.detach() for c in copies]
+            values += [b.detach().clone() for b in module.buffers()]
+            leaves = [c for c in copies if c.requires_grad]
+            return values, [torch.zeros_like(leaf) if leaf.grad is None else leaf.grad for leaf in leaves]
+        finally:
+            with torch.no_grad():
+                for buffer, value in zip(module.buffers(), snapshot):
+                    buffer.copy_(value)
+
+    (eager_values, eager_grads), (values, grads) = run(functools.partial(eager_train_step, module)), run(step.train)
+    if len(values) != len(eager_values) or len(grads) != len(eager_grads):
+        raise NotSpecializable("the compiled step returns other values than the eager step")
+    worst = max([_elementwise_excess(c, e) for c, e in zip(values, eager_values)]
+                + [_norm_excess(c, e) for c, e in zip(grads, eager_grads)], default=0.0)
+    if worst > 0:
+        raise NotSpecializable(f"the compiled step disagrees with the eager step (excess difference {worst:.3g})")
+
+def _step_times(step: CompiledTrainStep, module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -> Tuple[float, float]:
+    """Median CPU milliseconds of a train step (forward, backward, gradients into `.grad`),
+    eager and compiled, interleaved,
+    on one thread (CPU time of one thread is the work itself, whatever else the machine runs)."""
+    snapshot = [buffer.detach().clone() for buffer in module.buffers()]
+    copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+    times: Dict[str, List[float]] = {"eager": [], "compiled": []}
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(_TIMED_ROUNDS):
+            for kind, function in (("eager", lambda: eager_train_step(module, copies)),
+                                   ("compiled", lambda: step.train(copies))):
+                begin = time.process_time()
+                function()
+                times[kind].append(1000 * (time.process_time() - begin))
+                for copy in copies:
+                    copy.grad = None
+    finally:
+        torch.set_num_threads(previous)
+        with torch.no_grad():
+            for buffer, value in zip(module.buffers(), snapshot):
+                buffer.copy_(value)
+    return sorted(times["eager"])[len(times["eager"]) // 2], sorted(times["compiled"])[len(times["compiled"]) // 2]
+
+def _encode_tensor(tensor: torch.Tensor) -> Dict:
+    """A small constant as JSON (the cache is read without unpickling, like every other file)."""
+    return {"dtype": str(tensor.dtype).replace("torch.", ""), "shape": list(tensor.shape),
+            "data": base64.b64encode(tensor_bytes(tensor)).decode("ascii")}
+
+def build_entry(module: fx.GraphModule, tensors: Sequence[torch.Tensor], key: str, root: pathlib.Path) -> Dict:
+    """Specialize, compile, check and time `module` for `tensors` and publish the entry
+    root/key (a refusal is published too, so later runs do not trace again).
+    {"status": "compiled" | "refused" | "failed", "reason": ..., "seconds": ...}."""
+    from ..graph.specialize import NotSpecializable, lifted_constants, specialize
+
+    begin = time.perf_counter()
+    try:
+        spec = specialize(module, tensors)
+
+        def build(scratch: pathlib.Path) -> Dict:
+            meta = _compile(spec, tensors, scratch)
+            trace_constants = spec.constants[len(lifted_constants(module)):]
+            meta["trace_constants"] = [_encode_tensor(constant) for constant in trace_constants]
+            step = CompiledTrainStep(scratch, meta, spec.constants)
+            _self_check(step, module, tensors)
+            meta["eager_ms"], meta["compiled_ms"] = _step_times(step, module, tensors)
+            return meta
+
+        compile_cache.publish(root, key, build)
+    except NotSpecializable as error:
+        reason = str(error)
+        try:
+            compile_cache.publish(root, key, lambda scratch: {"refused": reason})
+        except OSError:
+            pass
+        return {"status": "refused", "reason": reason}
+    except Exception as error:  # noqa: BLE001  (compiler or toolchain failure: the caller trains eagerly)
+        first_line = str(error).splitlines()[0][:300] if str(error) else ""
+        return {"status": "failed", "reason": f"compilation failed ({type(error).__name__}: {first_line})"}
+    return {"status": "compiled", "seconds": time.perf_counter() - begin}
