@@ -75,6 +75,7 @@ class CompiledTrainStep:
         self.no_grad_inputs = set(meta["no_grad_inputs"])
         self.activation_strides = [tuple(s) for s in meta["activation_strides"]]
         self.constants = constants
+        self._restrided: Optional[List[int]] = None  # activations whose strides differ from the build's
 
     def train(self, tensors: Sequence[torch.Tensor], observe: Optional[Observer] = None) -> List[torch.Tensor]:
         """Outputs of the train step on `tensors` (feeds, then parameters); the gradient of
@@ -87,14 +88,18 @@ class CompiledTrainStep:
             for index, value in zip(self.mutated, results[self.num_outputs:]):
                 every[index].copy_(value)
             if self.grad_outputs and self.grad_outputs[0] == 0:
-                activations = [a if a.stride() == s else _restride(a, s)
-                               for a, s in zip(outputs[self.num_results:], self.activation_strides)]
+                activations = outputs[self.num_results:]
+                if self._restrided is None:  # the library lays its outputs out the same way every call
+                    self._restrided = [i for i, (a, s) in enumerate(zip(activations, self.activation_strides))
+                                       if a.stride() != s]
+                for i in self._restrided:
+                    activations[i] = _restride(activations[i], self.activation_strides[i])
                 del outputs
                 tangents = [torch.ones_like(results[0])]
                 tangents += [torch.zeros_like(results[i]) for i in self.grad_outputs[1:]]
                 grads = self.backward_library.run(activations + tangents)
                 del activations
-                taken = {t.data_ptr() for t in every}
+                taken = {t.data_ptr() for t in every} | {r.data_ptr() for r in results}  # not to be .grad
                 for index, (tensor, grad) in enumerate(zip(tensors, grads)):
                     if index in self.no_grad_inputs or not tensor.requires_grad or grad is None:
                         continue
