@@ -169,6 +169,30 @@ def test_compiled_step_matches_eager_and_loads_from_the_cache(monkeypatch):
     assert warm.train_runner.path == "compiled" and warm.train_runner.compile_seconds is None
 
 
+@pytest.mark.skipif(compiled.cxx_compiler() is None, reason="needs a C++ compiler")
+def test_compiled_step_accumulates_and_reports_step_gradients_as_eager(monkeypatch):
+    """The compiled step runs without autograd (compiled_step.CompiledTrainStep.train): steps
+    without lazy_reset_grad must add into .grad as autograd does, and the per-step gradients
+    (train_step_with_gradients, as DDP and federated clients read them) must be this step's."""
+    monkeypatch.setenv(compile_cache.CACHE_ENV, str(TEST_CACHE))
+    monkeypatch.setattr(compiled, "_FASTER", float("inf"))
+    config = "cnn_ce_adamw_op17"  # compiled by the test above when run together
+    eager, spec = _engine(config, **{compiled.CONFIG_KEY: "off"})
+    engine, _ = _engine(config, **{compiled.CONFIG_KEY: "on"})
+    for step in (1, 2, 3):  # no lazy_reset_grad: every step accumulates into the first's gradients
+        expected_outputs, expected_grads = eager.train_step_with_gradients(_feeds(eager, spec, step))
+        outputs, grads = engine.train_step_with_gradients(_feeds(engine, spec, step))
+        assert engine.train_runner.path == "compiled"
+        for e, a in zip(expected_outputs, outputs):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+        assert grads.keys() == expected_grads.keys()
+        for name in grads:
+            torch.testing.assert_close(grads[name], expected_grads[name], rtol=1e-4, atol=1e-5)
+        for name, grad in engine.gradients().items():
+            torch.testing.assert_close(grad, eager.gradients()[name], rtol=1e-4, atol=1e-5)
+    assert step > 1 and any(not torch.equal(grads[n], engine.gradients()[n]) for n in grads), "no accumulation seen"
+
+
 def test_without_a_compiler_steps_run_eagerly_with_one_warning(monkeypatch, tmp_path):
     monkeypatch.setenv(compile_cache.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(compiled, "cxx_compiler", lambda: None)
