@@ -91,8 +91,7 @@ def _reference(params, grads, exp_avgs, exp_avg_sqs, *, lr, step, alpha, beta, e
 
 def _fused(params, grads, exp_avgs, exp_avg_sqs, *, lr, step, alpha, beta, epsilon, weight_decay, adam_mode,
            correct_bias):
-    lr, wd, eps = float(f32(lr)), float(f32(weight_decay)), float(f32(epsilon))
-    a, b = float(f32(alpha)), float(f32(beta))
+    lr, wd, eps, a, b = (float(x) for x in float32_scalars(lr, weight_decay, epsilon, alpha, beta))
     if adam_mode == 1:
         _, bc = bias_corrections(a, b, step, True, legacy=False)
         eps = eps / math.sqrt(float(bc))
