@@ -62,6 +62,16 @@ def test_adamw_without_bias_correction_trains_as_onnxruntime():
     assert not problems, "\n".join(problems[:40])
 
 
+def test_adamw_without_bias_correction_fixture_is_onnxruntimes(ort_api):
+    """The fixture above is what onnxruntime-training gives today (where it is installed): a
+    re-recording that lost correct_bias=0 would make the test above vacuous."""
+    config = FIXTURES / "mlp_mse_adamw_nobias_op17"
+    spec = load_spec(config)
+    expected = dict(np.load(config / "expected.npz", allow_pickle=False))
+    problems = compare(expected, run_scenario(ort_api, config, spec), rtol=0.0, atol=0.0)
+    assert not problems, "\n".join(problems[:40])
+
+
 def _external_layout(model_path: pathlib.Path) -> dict:
     """{initializer: (location, offset, length)} for the externally stored ones, inline: None."""
     model = onnx.load(str(model_path), load_external_data=False)
