@@ -3,7 +3,8 @@
 Each test names, in its docstring, the change to the library it fails on; each was run
 against that change and seen to fail.  They hold without onnxruntime-training: ORT's numbers
 come from committed fixtures (tests/fixtures, recorded by scripts/make_reference.py), and the
-checks that load a file into plain onnxruntime are skipped where it is not installed.
+checks that run onnxruntime (or onnxruntime-training) live are skipped where it is not
+installed.
 """
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ def test_adamw_without_bias_correction_trains_as_onnxruntime():
     """Kills: the default (api Module/Optimizer) path ignoring AdamW's `correct_bias=0`, e.g.
     optimizer_engine passing `correct_bias=True`, or adamw's reference kernel correcting the
     learning rate regardless.  Fixture: onnxblock.optim.AdamW(bias_correction=False) trained by
-    onnxruntime-training 1.19.2 (mode 1, 5 steps); without the correction the first step's
-    learning rate is 3.2x smaller, far outside the parity tolerance."""
+    onnxruntime-training 1.19.2 (mode 1, 5 steps); a correction applied anyway makes the first
+    step 3.2x smaller (lr * sqrt(1 - 0.999) / (1 - 0.9)), far outside the parity tolerance."""
     config = FIXTURES / "mlp_mse_adamw_nobias_op17"
     spec = load_spec(config)
     assert spec["optimizer_attributes"]["correct_bias"] == 0
