@@ -347,9 +347,8 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
         import onnxruntime
         import torch
         onnxruntime.set_default_logger_severity(3)
-        from onnxruntime.training import artifacts
         from onnxruntime.training import api as ort_api
-        from onnxruntime.training import onnxblock
+        from onnxruntime.training import artifacts, onnxblock
 
         sys.path.insert(0, str(REPO / "scripts"))
         sys.path.insert(0, str(REPO / "tests"))
@@ -549,6 +548,7 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
 def save_npz(path: pathlib.Path, arrays: Dict[str, Any]) -> None:
     """Like ``np.savez_compressed`` but byte-reproducible (fixed zip timestamps, sorted keys)."""
     import zipfile
+
     import numpy as np
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for key in sorted(arrays):
