@@ -23,6 +23,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 import torch.distributed as dist
+
 # torch.distributed.nn is imported before init_process_group on purpose (torch 2.14.1): its
 # functions take `group=group.WORLD` as a default argument, evaluated at import time. Imported
 # after init_process_group (DDP's constructor does it, lazily, through torch._dynamo), they would

@@ -17,7 +17,6 @@ import os
 import sys
 
 import numpy as np
-
 import onnxruntime
 from onnxruntime.training.api import CheckpointState, LinearLRScheduler, Module, Optimizer
 

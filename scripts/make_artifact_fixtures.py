@@ -253,9 +253,8 @@ def _concrete_dims(exported, model, args) -> Dict[str, int]:
 
 def _ort_generate(prepared, arguments: Dict[str, Any], directory: pathlib.Path) -> None:
     import onnx
-    from onnxruntime.training import artifacts, onnxblock
-
     import prepare_for_artifacts as prep
+    from onnxruntime.training import artifacts, onnxblock
 
     optimizer = arguments["optimizer"]
     if isinstance(optimizer, dict):
@@ -326,10 +325,9 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
         import torch
 
         onnxruntime.set_default_logger_severity(3)
-        from onnxruntime.training import api as ort_api
-
         import prepare_for_artifacts as prep
         import scenario
+        from onnxruntime.training import api as ort_api
 
         stage = "build and export"
         seed = reference.seed_of(cfg.name)

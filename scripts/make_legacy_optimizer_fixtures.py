@@ -40,8 +40,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.legacy_optimizer_scenarios import (  # noqa: E402
-    SCENARIOS, WEIGHTS, attributes, calls, initial_weights, run_ort_cpu_kernels)
+from tests.legacy_optimizer_scenarios import SCENARIOS, WEIGHTS, attributes, calls, initial_weights, run_ort_cpu_kernels  # noqa: E402
 
 f32 = np.float32
 # ORT's CPU build takes Eigen's vectorised sqrt, which is not always correctly rounded (measured: 1 ulp

@@ -640,7 +640,7 @@ and where ORT's gradient is wrong (below), against float64 central differences o
 ## ORT's gradients that are not the derivative of its forward
 
 Found by this suite and checked against float64 central differences.  Reproduced by default
-(`Module(..., gradients="ort")`, see `ort_torch_compat/graph/gradient_quirks.py`); 
+(`Module(..., gradients="ort")`, see `ort_torch_compat/graph/gradient_quirks.py`);
 `gradients="exact"` gives the derivative (tested for every case listed):
 
 {quirks}

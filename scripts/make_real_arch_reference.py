@@ -267,8 +267,8 @@ def eager_replay(case: Case, spec: Dict[str, Any], directory: pathlib.Path, out)
     the fill rule (by name), BatchNorm running stats updated with the biased batch variance and
     ONNX momentum (or, left as initializers, frozen at the exported values, which tracing the
     training-mode export already moved once), the loss block's loss, ORT's optimizer kernel."""
-    import onnx
     import numpy as np
+    import onnx
     import torch
     import torch.nn.functional as F
 
@@ -377,13 +377,13 @@ def run_case(case: Case, out_root: pathlib.Path) -> Dict[str, Any]:
 
     torch.set_num_threads(1)  # as tests/test_real_architectures.py runs: the same float32 rounding
     onnxruntime.set_default_logger_severity(3)
+    from make_reference import save_npz
     from onnxruntime.training import api as ort_api
 
+    import ort_torch_compat.api as ours
     import tests.parity_rule as rule
     import tests.scenario as scenario
-    import ort_torch_compat.api as ours
     from tests.float64_replay import FLOAT64_API
-    from make_reference import save_npz
 
     result: Dict[str, Any] = {"case": case.name, "recipe": case.recipe, **dataclasses.asdict(case.variant)}
     stage = "generate_artifacts"

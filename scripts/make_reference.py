@@ -99,6 +99,8 @@ def all_configs() -> List[Config]:
                "onnxblock.optim.AdamW(weight_decay=0.01)"),
         Config("frozen_mse_adamw_wd_op17", "frozen", "mse", "adamw", 17, {"weight_decay": 0.01},
                "weight decay with frozen params"),
+        Config("mlp_mse_adamw_nobias_op17", "mlp", "mse", "adamw", 17, {"bias_correction": False},
+               "onnxblock.optim.AdamW(bias_correction=False): AdamWOptimizer correct_bias=0"),
         Config("mlp_mse_adamw_mode0_op17", "mlp", "mse", "adamw", 17, {"adam_mode": 0},
                "AdamWOptimizer attribute adam_mode hand-edited to 0 (torch mode)"),
         Config("mlp_mse_adamw_mode0_wd_op17", "mlp", "mse", "adamw", 17,
@@ -345,9 +347,8 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
         import onnxruntime
         import torch
         onnxruntime.set_default_logger_severity(3)
-        from onnxruntime.training import artifacts
         from onnxruntime.training import api as ort_api
-        from onnxruntime.training import onnxblock
+        from onnxruntime.training import artifacts, onnxblock
 
         sys.path.insert(0, str(REPO / "scripts"))
         sys.path.insert(0, str(REPO / "tests"))
@@ -409,9 +410,10 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
             "bce": artifacts.LossType.BCEWithLogitsLoss,
             "l1": artifacts.LossType.L1Loss,
         }[cfg.loss]
-        wd = cfg.extra.get("weight_decay")
+        adamw_kwargs = {k: cfg.extra[k] for k in ("weight_decay", "bias_correction") if k in cfg.extra}
+        adamw_block = "onnxblock.optim.AdamW({})".format(", ".join(f"{k}={v}" for k, v in adamw_kwargs.items()))
         if cfg.optim == "adamw":
-            optimizer = onnxblock.optim.AdamW(weight_decay=wd) if wd is not None else artifacts.OptimType.AdamW
+            optimizer = onnxblock.optim.AdamW(**adamw_kwargs) if adamw_kwargs else artifacts.OptimType.AdamW
         else:
             optimizer = artifacts.OptimType.SGD
         ga_kwargs: Dict[str, Any] = {}
@@ -494,7 +496,7 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
             "train_graph_outputs": [o.name for o in train_m.graph.output],
             "eval_graph_outputs": [o.name for o in eval_m.graph.output],
             "generate_artifacts_kwargs": {k: v for k, v in ga_kwargs.items()},
-            "optimizer_block": (f"onnxblock.optim.AdamW(weight_decay={wd})" if (cfg.optim == "adamw" and wd is not None)
+            "optimizer_block": (adamw_block if (cfg.optim == "adamw" and adamw_kwargs)
                                 else f"OptimType.{'AdamW' if cfg.optim == 'adamw' else 'SGD'}"),
             "optimizer_attributes": _optimizer_attrs(d / "optimizer_model.onnx"),
             "export": {"dynamo": False, "opset_version": cfg.opset, "training": training.name,
@@ -546,6 +548,7 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
 def save_npz(path: pathlib.Path, arrays: Dict[str, Any]) -> None:
     """Like ``np.savez_compressed`` but byte-reproducible (fixed zip timestamps, sorted keys)."""
     import zipfile
+
     import numpy as np
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for key in sorted(arrays):

@@ -74,7 +74,7 @@ def U(*shape, lo=-1.0, hi=1.0, role="data") -> In:
     return In(tuple(shape), "uniform", lo, hi, "float32", role)
 
 
-def I(values, dtype="int64", role="const") -> In:
+def I(values, dtype="int64", role="const") -> In:  # noqa: E743 (one-letter constructors, like F, A, P, U above)
     return In(np.shape(values), "values", dtype=dtype, role=role, values=values)
 
 

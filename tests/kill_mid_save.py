@@ -27,10 +27,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ort_torch_compat.codec import (  # noqa: E402
     CheckpointRecord,
-    decode_checkpoint,
     ModuleStateRecord,
     OptimizerGroupRecord,
     ParameterOptimizerStateRecord,
+    decode_checkpoint,
     read_checkpoint,
     tensor_record_from_numpy,
     write_checkpoint,

@@ -137,12 +137,12 @@ def test_live_ort_own_artifacts_miss_a_broadcast_reduction_ours_do_not(tmp_path,
     sliced position embedding is added to the token embeddings.  Central finite differences
     (ORT running the eval model) agree with ORT running our gradient graph; ORT's own
     artifacts give another gradient for the position embedding."""
+    import make_artifact_fixtures as fixtures
     import onnx
     import onnxruntime
+    import prepare_for_artifacts
     import torch
 
-    import make_artifact_fixtures as fixtures
-    import prepare_for_artifacts
     from tests.scenario import make_batch
 
     onnxruntime.set_default_logger_severity(3)

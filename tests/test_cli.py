@@ -57,8 +57,8 @@ def test_export_matches_the_torch_module(tmp_path, capsys):
     with torch.no_grad():
         expected = to_torch_module(ARTIFACTS / "training_model.onnx", ARTIFACTS / "checkpoint",
                                    with_loss=False).eval()(torch.from_numpy(features)).numpy()
-    from ort_torch_compat.graph import build_graph_module
     from ort_torch_compat.engine.model_io import opset_map
+    from ort_torch_compat.graph import build_graph_module
 
     graph_module = build_graph_module(model.graph, opset_map(model), ["features"], ["logits"], "inference")
     actual = graph_module(torch.from_numpy(features))[0].detach().numpy()

@@ -2,6 +2,9 @@
 
 * AdamW: the fused single-pass kernel and the term-by-term reference of ORT's formula agree
   to float32 rounding (what optim/adamw.py promises), in both adam_modes, with weight decay.
+* The bias correction 1 - coefficient**t is rounded as each ORT kernel rounds it (AdamW:
+  power rounded to float32, then subtracted in float32; legacy Adam/Lamb: subtracted in
+  float64, rounded once).
 * The legacy optimizers are ordinary torch optimizers: they train a torch module, reject the
   attribute values ORT's kernels reject, and start their state as ORT's initializers do.
 """
@@ -9,10 +12,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from ort_torch_compat.optim import Lamb, LegacyAdam, LegacySGD, adamw_step
+from ort_torch_compat.optim.common import bias_correction
 
 
 @pytest.mark.parametrize("adam_mode", [0, 1])
@@ -31,6 +36,23 @@ def test_fused_adamw_matches_the_reference_formula(adam_mode):
                                     runs[False][0] + runs[False][1] + runs[False][2]):
         torch.testing.assert_close(fused_t, reference_t, rtol=1e-5, atol=1e-7)
     assert not torch.equal(runs[True][0][0], params[0]), "the parameters must have moved"
+
+
+@pytest.mark.parametrize("coefficient", [0.9, 0.999])
+@pytest.mark.parametrize("step", [1, 2, 7, 1000])
+def test_bias_correction_rounds_as_each_ort_kernel(coefficient, step):
+    """AdamWOptimizer (adamw.cc): `1.f - static_cast<float>(std::pow(alpha_, step))`; legacy Adam/Lamb
+    (common.h, compute_bias_correction_coefficient): `TC(1.0 - std::pow(double(c), double(step)))`.
+    Kills swapping the two roundings (the parity tests' tolerances let the legacy one through)."""
+    c64 = float(np.float32(coefficient))
+    assert bias_correction(coefficient, step, legacy=False) == np.float32(1.0) - np.float32(c64 ** step)
+    assert bias_correction(coefficient, step, legacy=True) == np.float32(1.0 - c64 ** step)
+    assert bias_correction(coefficient, 0, legacy=True) == 1.0
+
+
+def test_the_two_bias_correction_roundings_differ():
+    """Where coefficient**t is not a float32 the two rules give different float32s, so the choice matters."""
+    assert bias_correction(0.999, 2, legacy=False) != bias_correction(0.999, 2, legacy=True)
 
 
 @pytest.mark.parametrize("make", [lambda p: LegacySGD(p, lr=0.1), lambda p: LegacyAdam(p, lr=0.05),

@@ -15,7 +15,6 @@ from onnx.reference import ReferenceEvaluator
 
 from ort_torch_compat.graph import build_graph_module
 
-
 SHAPE = (3, 4)  # pads [1, 0, 2, 1]: every reflect pad <= axis size - 1
 
 

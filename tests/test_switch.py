@@ -78,9 +78,9 @@ def test_install_redirects_api_and_keeps_real_onnxruntime(isolated):
         assert onnxruntime.InferenceSession.__module__.startswith("onnxruntime.")
         assert onnxruntime.OrtValue.__module__.startswith("onnxruntime.")
     assert onnxruntime.training.api is api
-    from onnxruntime.training import artifacts  # the real one when onnxruntime-training is installed
-
     from importlib import metadata
+
+    from onnxruntime.training import artifacts  # the real one when onnxruntime-training is installed
 
     try:
         metadata.distribution("onnxruntime-training")
@@ -114,8 +114,8 @@ def test_stub_when_onnxruntime_is_missing(isolated, monkeypatch):
 
     assert onnxruntime.TrainingSession is legacy.TrainingSession  # the 1.10-era API lived here
     assert isinstance(onnxruntime.SessionOptions(), legacy.SessionOptions)
-    from onnxruntime.training import artifacts  # without onnxruntime-training: ours
     import onnxruntime.training.onnxblock
+    from onnxruntime.training import artifacts  # without onnxruntime-training: ours
     from onnxruntime.training.onnxblock.loss import MSELoss
 
     import ort_torch_compat.artifacts

@@ -62,28 +62,19 @@ def _load_model(model: Union[onnx.ModelProto, str, os.PathLike]) -> Tuple[onnx.M
     raise RuntimeError("Please pass in either a string or an ONNX ModelProto for the model.")
 
 
-def _loss_block(loss) -> onnxblock.Block:
-    if loss is None:
-        return onnxblock.blocks.PassThrough()
-    if isinstance(loss, LossType):
-        return _LOSS_BLOCKS[loss]()
-    if isinstance(loss, onnxblock.Block):
-        return loss
-    raise RuntimeError(
-        f"Unknown loss provided {type(loss)}. Expected loss to be either one of"
-        "onnxruntime.training.artifacts.LossType or onnxruntime.training.onnxblock.Block.")
+def _resolve_block(value: object, kind: type, blocks: dict, error: type, what: str) -> onnxblock.Block:
+    """The block for `value`: a new one for a member of the enum `kind`, a Block as given.
 
-
-def _optimizer_block(optimizer) -> Optional[onnxblock.Block]:
-    if optimizer is None:
-        return None
-    if isinstance(optimizer, OptimType):
-        return _OPTIMIZER_BLOCKS[optimizer]()
-    if isinstance(optimizer, onnxblock.Block):
-        return optimizer
-    raise TypeError(
-        f"Unknown optimizer provided {type(optimizer)}. Expected optimizer to be either one of"
-        "onnxruntime.training.artifacts.OptimType or onnxruntime.training.onnxblock.Block.")
+    Anything else raises `error` with ORT's message (ORT raises RuntimeError for a loss and
+    TypeError for an optimizer).
+    """
+    if isinstance(value, kind):
+        return blocks[value]()
+    if isinstance(value, onnxblock.Block):
+        return value
+    raise error(
+        f"Unknown {what} provided {type(value)}. Expected {what} to be either one of"
+        f"onnxruntime.training.artifacts.{kind.__name__} or onnxruntime.training.onnxblock.Block.")
 
 
 class _TrainingBlock(onnxblock.TrainingBlock):
@@ -142,8 +133,10 @@ def generate_artifacts(
             ``onnxruntime.tools.convert_onnx_models_to_ort``) is not importable.
     """
     loaded_model, model_path = _load_model(model)
-    loss_block = _loss_block(loss)
-    optimizer_block = _optimizer_block(optimizer)
+    loss_block = (onnxblock.blocks.PassThrough() if loss is None
+                  else _resolve_block(loss, LossType, _LOSS_BLOCKS, RuntimeError, "loss"))
+    optimizer_block = (None if optimizer is None
+                       else _resolve_block(optimizer, OptimType, _OPTIMIZER_BLOCKS, TypeError, "optimizer"))
     convert = _ort_converter() if ort_format else None
     if requires_grad is not None and frozen_params is not None and set(requires_grad) & set(frozen_params):
         raise RuntimeError(

@@ -29,6 +29,14 @@ from .dtypes import (
 )
 from .encode import encode_checkpoint, encode_checkpoint_segments, external_alignment, write_checkpoint
 from .errors import CheckpointError, CheckpointFormatError
+from .records import (
+    CheckpointRecord,
+    ModuleStateRecord,
+    OptimizerGroupRecord,
+    ParameterOptimizerStateRecord,
+    PropertyValue,
+    TensorRecord,
+)
 from .writer_layouts import (
     ARTIFACT_EXTERNAL_MIN_TENSOR_BYTES,
     ARTIFACT_EXTERNAL_THRESHOLD_BYTES,
@@ -37,14 +45,6 @@ from .writer_layouts import (
     state_writer_external_min_bytes,
     state_writer_record,
     tensor_proto_size,
-)
-from .records import (
-    CheckpointRecord,
-    ModuleStateRecord,
-    OptimizerGroupRecord,
-    ParameterOptimizerStateRecord,
-    PropertyValue,
-    TensorRecord,
 )
 
 __all__ = [

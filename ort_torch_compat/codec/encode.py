@@ -16,19 +16,19 @@ callers' own buffers), so a save streams the tensors to disk without copying the
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import operator
 import os
 import struct
-import contextlib
 from typing import Callable, ContextManager, Dict, List, Optional, Tuple, Union
 
 from ..atomic_files import AtomicSave
-from .streaming_builder import Buffer, BuilderSizeError, SegmentBuilder
 from .decode import Payload
 from .dtypes import TensorDataType, element_size
 from .records import CheckpointRecord, PropertyValue, TensorRecord
+from .streaming_builder import Buffer, BuilderSizeError, SegmentBuilder
 
 __all__ = ["encode_checkpoint", "encode_checkpoint_segments", "write_checkpoint", "external_alignment"]
 

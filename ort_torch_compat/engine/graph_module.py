@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 import torch
 
 from ..errors import ModelMismatchError
+from .graph_io import GraphIO
 from .io_spec import names
 from .model_io import opset_map
 from .state import TrainingState
-from .graph_io import GraphIO
 
 if TYPE_CHECKING:
     import onnx

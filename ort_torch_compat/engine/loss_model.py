@@ -18,10 +18,10 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from .graph_io import GraphIO
 from .io_spec import ValueSpec, value_spec
 from .state import ParameterSlot, TrainingState
 from .training_engine import TrainingEngine
-from .graph_io import GraphIO
 
 
 @dataclass

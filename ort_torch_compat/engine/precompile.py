@@ -18,8 +18,8 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from . import compile_build, compile_cache, compile_key, compiled
-from .compile_cache import cache_root
 from .checkpoint_io import load_state
+from .compile_cache import cache_root
 from .io_spec import tensor_from_array
 from .training_engine import TrainingEngine
 

@@ -21,11 +21,11 @@ from onnx2torch.onnx_tensor import OnnxTensor
 from torch import fx, nn
 
 from . import converters  # noqa: F401  (registers our converters)
+from .converter_registry import find_converter, is_ours
+from .converters.strings import STRING_OPS
 from .errors import GraphConversionError, UnsupportedOperatorError
 from .fusion import fuse_matmul_bias
 from .options import ConversionOptions, converting_with
-from .converters.strings import STRING_OPS
-from .converter_registry import find_converter, is_ours
 
 NOT_TRAINABLE = "strings cannot be part of a training graph (torch has no string tensors)"
 

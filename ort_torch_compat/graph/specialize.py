@@ -28,7 +28,6 @@ from torch import fx
 from . import dense_kernel
 
 
-
 class NotSpecializable(RuntimeError):
     """The graph cannot be specialized; the message says why (shown to the user once)."""
 

@@ -27,8 +27,7 @@ from ..errors import InvalidInputError, ModelLoadError, ModelMismatchError
 from ..optim import Lamb
 from ..values import OrtValue, to_numpy, to_tensor
 from .optimizers import OPTIMIZERS, build_optimizer
-from .session_info import (GPU_PROVIDERS, ModelMetadata, NodeArg, SessionOptions, resolve_providers,
-                           session_config_entry)
+from .session_info import GPU_PROVIDERS, ModelMetadata, NodeArg, SessionOptions, resolve_providers, session_config_entry
 from .training_parameters import DDP_HINT, MIXED_PRECISION_FIELDS, MULTI_NODE_FIELDS, TrainingParameters
 from .weights import select_weights
 

@@ -34,11 +34,11 @@ import torch
 from torch import nn
 
 from ..engine.export import model_outputs
+from ..engine.graph_io import GraphIO, check_parameter_types, eval_io, training_io
 from ..engine.graph_module import build_module, frozen_parameters, io_for_outputs
 from ..engine.io_spec import check_inputs
 from ..engine.model_io import ModelSource, describe, load_model
 from ..engine.state import TrainingState
-from ..engine.graph_io import GraphIO, check_parameter_types, eval_io, training_io
 from ..errors import InvalidInputError, ModelMismatchError
 from .state_dict import MigrationError, _as_state, state_dict_to_checkpoint
 

@@ -23,10 +23,9 @@ import math
 from functools import lru_cache
 from typing import Optional, Sequence
 
-import numpy as np
 import torch
 
-f32 = np.float32
+from .common import bias_corrections, f32, float32_scalars
 
 
 @lru_cache(maxsize=None)
@@ -42,13 +41,6 @@ def fused_available(device_type: str) -> bool:
     except (RuntimeError, NotImplementedError):
         return False
     return True
-
-
-def bias_corrections(alpha: float, beta: float, step: int, correct_bias: bool):
-    """(1 - alpha^t, 1 - beta^t) in float32 from a float64 power, as ORT computes them."""
-    if not correct_bias:
-        return f32(1.0), f32(1.0)
-    return f32(1.0) - f32(math.pow(float(f32(alpha)), step)), f32(1.0) - f32(math.pow(float(f32(beta)), step))
 
 
 def adamw_step(
@@ -79,8 +71,8 @@ def adamw_step(
 
 def _reference(params, grads, exp_avgs, exp_avg_sqs, *, lr, step, alpha, beta, epsilon, weight_decay, adam_mode,
                correct_bias):
-    lr32, a, b, eps, wd = f32(lr), f32(alpha), f32(beta), f32(epsilon), f32(weight_decay)
-    ac, bc = bias_corrections(a, b, step, correct_bias)
+    lr32, a, b, eps, wd = float32_scalars(lr, alpha, beta, epsilon, weight_decay)
+    ac, bc = bias_corrections(a, b, step, correct_bias, legacy=False)
     for w, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
         if adam_mode == 0 and wd != 0:
             w.add_(w, alpha=float(-(lr32 * wd)))
@@ -99,10 +91,9 @@ def _reference(params, grads, exp_avgs, exp_avg_sqs, *, lr, step, alpha, beta, e
 
 def _fused(params, grads, exp_avgs, exp_avg_sqs, *, lr, step, alpha, beta, epsilon, weight_decay, adam_mode,
            correct_bias):
-    lr, wd, eps = float(f32(lr)), float(f32(weight_decay)), float(f32(epsilon))
-    a, b = float(f32(alpha)), float(f32(beta))
+    lr, wd, eps, a, b = (float(x) for x in float32_scalars(lr, weight_decay, epsilon, alpha, beta))
     if adam_mode == 1:
-        _, bc = bias_corrections(a, b, step, True)
+        _, bc = bias_corrections(a, b, step, True, legacy=False)
         eps = eps / math.sqrt(float(bc))
         shrink = 1.0 - lr * wd
         lr, wd = lr * shrink, (wd / shrink if wd else 0.0)

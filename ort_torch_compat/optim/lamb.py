@@ -21,14 +21,11 @@ in float32 with float32 scalars.  Source lines: docs/legacy.md.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, Optional, Sequence
 
-import numpy as np
 import torch
 
-from .bias_correction import bias_correction
-
-f32 = np.float32
+from .common import MomentOptimizer, bias_corrections, f32, float32_scalars
 
 
 def global_norm(grads: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -57,10 +54,9 @@ def lamb_step(
 ) -> None:
     """Update params and moments in place; `step` is the shared Step before the update and
     `grad_norm` the global gradient norm when clipping (None: no clipping)."""
-    eta, a, b, lam, eps = (float(f32(x)) for x in (lr, alpha, beta, lambda_, epsilon))
+    eta, a, b, lam, eps = (float(x) for x in float32_scalars(lr, alpha, beta, lambda_, epsilon))
     one_minus_a, one_minus_b = float(f32(1.0) - f32(a)), float(f32(1.0) - f32(b))
-    ac = bias_correction(a, step) if do_bias_correction else 1.0
-    bc = bias_correction(b, step) if do_bias_correction else 1.0
+    ac, bc = (float(c) for c in bias_corrections(a, b, step, do_bias_correction, legacy=True))
     low, high = float(f32(ratio_min)), float(f32(ratio_max))
     divisor = None
     if grad_norm is not None:
@@ -83,7 +79,7 @@ def lamb_step(
         w.copy_(torch.where(torch.isfinite(updated), updated, w))
 
 
-class Lamb(torch.optim.Optimizer):
+class Lamb(MomentOptimizer):
     """ORT's legacy LambOptimizer as a torch optimizer.
 
     Param groups carry the per-weight attributes under ORT's names (`alpha`, `beta`,
@@ -93,6 +89,8 @@ class Lamb(torch.optim.Optimizer):
     G being the global norm over every parameter of the optimizer.  `step_count` is
     ORT's shared `Step` (1 before the first update); moments exist from construction on.
     """
+
+    op_type = "LambOptimizer"
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, alpha: float = 0.9, beta: float = 0.999,
                  lambda_: float = 0.0, epsilon: float = 1e-6, max_norm_clip: float = 1.0, *,
@@ -106,25 +104,16 @@ class Lamb(torch.optim.Optimizer):
                     "max_norm_clip": max_norm_clip}
         super().__init__(params, defaults)
 
-    def add_param_group(self, param_group: Dict[str, Any]) -> None:
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        owner = f" of '{group['name']}'" if "name" in group else ""
-        for key in ("alpha", "beta", "lambda", "epsilon"):
-            if group[key] < 0:
-                raise ValueError(f"LambOptimizer: attribute '{key}'{owner} must be >= 0, got {group[key]}")
+    def check_group(self, group: Dict[str, Any], owner: str) -> None:
         if group["max_norm_clip"] == 0:
             raise ValueError(f"LambOptimizer: max_norm_clip{owner} must not be 0")
-        for p in group["params"]:
-            self.state[p] = {"moment_1": torch.zeros_like(p), "moment_2": torch.zeros_like(p)}
 
     @torch.no_grad()
     def step(self) -> None:  # type: ignore[override]  (gradients are computed beforehand: no closure)
-        with_grads: List[List[torch.Tensor]] = [[p for p in g["params"] if p.grad is not None] for g in self.param_groups]
-        everything = [p.grad for params in with_grads for p in params]
+        with_grads = self.params_with_grads()
+        everything = [p.grad for _, params, _ in with_grads for p in params]
         norm = global_norm(everything) if self.clip_grad_norm and everything else None
-        for group, params in zip(self.param_groups, with_grads):
-            states = [self.state[p] for p in params]
+        for group, params, states in with_grads:
             lamb_step(params, [p.grad for p in params], [s["moment_1"] for s in states],
                       [s["moment_2"] for s in states], lr=group["lr"], step=self.step_count, alpha=group["alpha"],
                       beta=group["beta"], lambda_=group["lambda"], epsilon=group["epsilon"],

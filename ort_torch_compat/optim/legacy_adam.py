@@ -20,14 +20,11 @@ and it applies no loss scale.  Source lines: docs/legacy.md.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, List, Sequence
+from typing import Any, Dict, Iterable, Sequence
 
-import numpy as np
 import torch
 
-from .bias_correction import bias_correction
-
-f32 = np.float32
+from .common import MomentOptimizer, bias_corrections, f32, float32_scalars
 
 
 @torch.no_grad()
@@ -49,11 +46,10 @@ def legacy_adam_step(
     """Update params and moments in place; `update_counts[i]` is param i's Update_Count before the update."""
     if weight_decay_mode not in (0, 1):
         raise ValueError(f"AdamOptimizer: weight_decay_mode must be 0 or 1, got {weight_decay_mode}")
-    eta, a, b, lam, eps = (f32(x) for x in (lr, alpha, beta, lambda_, epsilon))
+    eta, a, b, lam, eps = float32_scalars(lr, alpha, beta, lambda_, epsilon)
     one_minus_a, one_minus_b = float(f32(1.0) - a), float(f32(1.0) - b)
     for w, g, m1, m2, count in zip(params, grads, moments_1, moments_2, update_counts):
-        ac = bias_correction(a, count) if do_bias_correction else 1.0
-        bc = bias_correction(b, count) if do_bias_correction else 1.0
+        ac, bc = (float(c) for c in bias_corrections(a, b, count, do_bias_correction, legacy=True))
         m1.mul_(float(a)).add_(g * one_minus_a)
         m2.mul_(float(b)).add_(g.mul(one_minus_b).mul_(g))
         if weight_decay_mode == 0:
@@ -67,7 +63,7 @@ def legacy_adam_step(
             w.add_(u.neg_().sub_(decay))
 
 
-class LegacyAdam(torch.optim.Optimizer):
+class LegacyAdam(MomentOptimizer):
     """ORT's legacy AdamOptimizer as a torch optimizer (one param group per ORT node's attributes).
 
     Group keys carry ORT's attribute names: `alpha`, `beta`, `lambda`, `epsilon`,
@@ -76,6 +72,8 @@ class LegacyAdam(torch.optim.Optimizer):
     initializers do, with `update_count` 1.
     """
 
+    op_type = "AdamOptimizer"
+
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, alpha: float = 0.9, beta: float = 0.999,
                  lambda_: float = 0.0, epsilon: float = 1e-8, do_bias_correction: bool = True,
                  weight_decay_mode: int = 0):
@@ -83,18 +81,17 @@ class LegacyAdam(torch.optim.Optimizer):
                     "do_bias_correction": int(do_bias_correction), "weight_decay_mode": weight_decay_mode}
         super().__init__(params, defaults)
 
-    def add_param_group(self, param_group: Dict[str, Any]) -> None:
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        _check_attributes(group)
-        for p in group["params"]:
-            self.state[p] = {"moment_1": torch.zeros_like(p), "moment_2": torch.zeros_like(p), "update_count": 1}
+    def check_group(self, group: Dict[str, Any], owner: str) -> None:
+        for key in ("do_bias_correction", "weight_decay_mode"):
+            if group[key] not in (0, 1):
+                raise ValueError(f"AdamOptimizer: {key}{owner} must be 0 or 1, got {group[key]}")
+
+    def initial_state(self, param: torch.Tensor) -> Dict[str, Any]:
+        return {**super().initial_state(param), "update_count": 1}
 
     @torch.no_grad()
     def step(self) -> None:  # type: ignore[override]  (gradients are computed beforehand: no closure)
-        for group in self.param_groups:
-            params: List[torch.Tensor] = [p for p in group["params"] if p.grad is not None]
-            states = [self.state[p] for p in params]
+        for group, params, states in self.params_with_grads():
             legacy_adam_step(
                 params, [p.grad for p in params], [s["moment_1"] for s in states], [s["moment_2"] for s in states],
                 [s["update_count"] for s in states], lr=group["lr"], alpha=group["alpha"], beta=group["beta"],
@@ -102,14 +99,3 @@ class LegacyAdam(torch.optim.Optimizer):
                 weight_decay_mode=group["weight_decay_mode"])
             for state in states:
                 state["update_count"] += 1
-
-
-def _check_attributes(group: Dict[str, Any]) -> None:
-    """The checks of ORT's CPU kernel constructor, naming the group (`name`, when given)."""
-    owner = f" of '{group['name']}'" if "name" in group else ""
-    for key in ("alpha", "beta", "lambda", "epsilon"):
-        if group[key] < 0:
-            raise ValueError(f"AdamOptimizer: attribute '{key}'{owner} must be >= 0, got {group[key]}")
-    for key in ("do_bias_correction", "weight_decay_mode"):
-        if group[key] not in (0, 1):
-            raise ValueError(f"AdamOptimizer: {key}{owner} must be 0 or 1, got {group[key]}")

@@ -23,8 +23,8 @@ from onnx import numpy_helper
 from ..errors import ArtifactGenerationError, UnsupportedGradientError
 from . import forward
 from .context import GradientContext
-from .graph_index import GraphIndex
 from .gradient_registry import GradientBuilder, lookup
+from .graph_index import GraphIndex
 
 ORT_DOMAINS = (
     ("ai.onnx.ml", 5), ("ai.onnx.training", 1), ("ai.onnx.preview.training", 1), ("com.microsoft", 1),

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..gradient_quirks import ort_gradient, reproduce_ort_gradients
 from ..converter_registry import register
+from ..gradient_quirks import ort_gradient, reproduce_ort_gradients
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
 

@@ -51,6 +51,7 @@ def _fused_gemm(node: OnnxNode, graph: OnnxGraph):
     a = node.attributes
     gemm = Gemm(float(a.get("alpha", 1.0)), float(a.get("beta", 1.0)), bool(a.get("transA", 0)), bool(a.get("transB", 0)))
     name = a.get("activation", "Relu")
-    params = {"LeakyRelu": [a.get("activation_alpha", 0.01)],
-              "HardSigmoid": [a.get("activation_alpha", 0.2), a.get("activation_beta", 0.5)]}.get(name, [])
-    return result(FusedGemm(gemm, activation(name, params)), node)
+    # Only these two read activation_alpha/beta; absent ones take named_activation's defaults.
+    alpha, beta = ((a.get("activation_alpha"), a.get("activation_beta")) if name in ("LeakyRelu", "HardSigmoid")
+                   else (None, None))
+    return result(FusedGemm(gemm, named_activation(name, alpha, beta)), node)

@@ -8,8 +8,8 @@ from typing import List, Sequence
 import onnx
 import torch
 
-from ..options import current, current_opsets
 from ..converter_registry import register
+from ..options import current, current_opsets
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
 

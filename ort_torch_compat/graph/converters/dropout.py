@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..gradient_quirks import ort_gradient, reproduce_ort_gradients
 from ..converter_registry import register
+from ..gradient_quirks import ort_gradient, reproduce_ort_gradients
 from ._common import OnnxGraph, OnnxModule, OnnxNode, constants_or_fed, result, scalar
 
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from ..fusion import FUSED_DOMAIN
-from ..dense_kernel import linear
 from ..converter_registry import register
+from ..dense_kernel import linear
+from ..fusion import FUSED_DOMAIN
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
 

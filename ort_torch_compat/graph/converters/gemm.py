@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..dense_kernel import linear
 from ..converter_registry import register
+from ..dense_kernel import linear
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
 

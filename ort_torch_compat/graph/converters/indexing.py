@@ -13,8 +13,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..gradient_quirks import ort_gradient, reproduce_ort_gradients
 from ..converter_registry import register
+from ..gradient_quirks import ort_gradient, reproduce_ort_gradients
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
 _REDUCE = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}

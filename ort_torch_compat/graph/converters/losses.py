@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..gradient_quirks import reproduce_ort_gradients
 from ..converter_registry import register
+from ..gradient_quirks import reproduce_ort_gradients
 from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, result
 
 #: Passed to torch when no label is to be ignored: no int64 label equals it in practice.

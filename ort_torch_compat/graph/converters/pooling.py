@@ -16,8 +16,8 @@ from typing import List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..gradient_quirks import ort_gradient, reproduce_ort_gradients
 from ..converter_registry import register
+from ..gradient_quirks import ort_gradient, reproduce_ort_gradients
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 from .convolution import same_padding, torch_pad_order
 

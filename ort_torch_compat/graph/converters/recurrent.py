@@ -18,8 +18,8 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
-from ..dense_kernel import plain_aten_active
 from ..converter_registry import register
+from ..dense_kernel import plain_aten_active
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 from .named_activations import named_activation
 
