@@ -12,11 +12,12 @@ gradients.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import pathlib
 import warnings
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import onnx
@@ -57,7 +58,8 @@ class ModelCase:
     input_shape: Tuple[int, ...]
     opset: int = 17
     ops: Tuple[str, ...] = ()  # ops the export must contain (the point of the case)
-    inputs: Dict[str, np.ndarray] = field(default_factory=dict)
+    exporter: str = "torchscript"  # or "dynamo", or "hand" (``build`` writes the graph)
+    build: Optional[Callable[[nn.Module, Tuple[int, ...]], onnx.ModelProto]] = None
 
 
 def _seq(layers) -> Callable[[], nn.Module]:
@@ -65,6 +67,35 @@ def _seq(layers) -> Callable[[], nn.Module]:
         torch.manual_seed(7)
         return nn.Sequential(*layers())
     return make
+
+
+def _cast_like_graph(model: nn.Module, input_shape: Tuple[int, ...]) -> onnx.ModelProto:
+    """``y = CastLike(CastLike(x * w, <double>) ** 2, x)``: the float64 square of a float32 product.
+
+    (The TorchScript exporter writes Cast for ``.to(dtype)``; CastLike comes from dynamo
+    exports' onnxscript functions, so the graph is written by hand.)"""
+    nodes = [helper.make_node("Mul", ["x", "w"], ["h"]), helper.make_node("CastLike", ["h", "like"], ["d"]),
+             helper.make_node("Mul", ["d", "d"], ["e"]), helper.make_node("CastLike", ["e", "x"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "cast_like", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(input_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(input_shape))],
+        [numpy_helper.from_array(model.w.detach().numpy(), "w"), numpy_helper.from_array(np.zeros((), np.float64), "like")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+class DynamoModel(nn.Module):
+    """GroupNorm, Softplus, bilinear upsampling, amax and an einsum, as the dynamo exporter writes them."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(9)
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.norm = nn.GroupNorm(2, 4, affine=False)  # (dynamo folds the affine parameters into constants)
+        self.w = nn.Parameter(_p(4, seed=15))
+
+    def forward(self, x):
+        h = F.interpolate(F.softplus(self.norm(self.conv(x))), scale_factor=2, mode="bilinear")
+        return torch.amax(h, dim=1) + torch.einsum("bchw,c->bhw", h, self.w)
 
 
 CASES: List[ModelCase] = [
@@ -114,13 +145,24 @@ CASES: List[ModelCase] = [
                              + torch.scatter_add(m.d, 1, torch.tensor([[0, 0], [1, 2]]), x[:2, :2] * m.w[:2]).sum(),
                              w=_p(4, seed=12), t=_p(2, 2, seed=13), d=_p(2, 3, seed=14)),
               (3, 4), opset=17, ops=("ReduceL2", "Tile", "ScatterElements")),
+    ModelCase("cast_like", lambda: Lambda(lambda m, x: ((x * m.w).double() ** 2).to(x.dtype), w=_p(4, seed=16)),
+              (3, 4), ops=("CastLike",), exporter="hand", build=_cast_like_graph),
+    ModelCase("dynamo_export", DynamoModel, (2, 3, 4, 4), opset=18, exporter="dynamo",
+              ops=("InstanceNormalization", "Softplus", "Resize", "ReduceMax", "Einsum")),
 ]
 
 
 def _export(case: ModelCase, model: nn.Module, x: torch.Tensor) -> onnx.ModelProto:
+    if case.exporter == "hand":
+        return case.build(model, tuple(x.shape))
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        if case.exporter == "dynamo":
+            with contextlib.redirect_stdout(io.StringIO()):
+                program = torch.onnx.export(model, (x,), dynamo=True, opset_version=case.opset,
+                                            input_names=["x"], output_names=["y"])
+            return program.model_proto
         torch.onnx.export(model, (x,), buffer, dynamo=False, opset_version=case.opset, input_names=["x"],
                           output_names=["y"], do_constant_folding=False,
                           training=torch.onnx.TrainingMode.TRAINING)

@@ -7,8 +7,9 @@ and attributes.  With static sizes the matrices are computed here (numpy, the fo
 last axis first: a MatMul (``dY M`` on the last axis, ``M^T dY`` on the one before it,
 Transposes around it for other axes).  Plain ONNX ops, so ORT runs it.
 
-Refused: antialias, tf_crop_and_resize, and sizes or scales not known when the artifacts are
-built (the output's static shape is used when the scales/sizes are computed in the graph).
+Symbolic dims are fine on axes that are not resized (scale 1: a dynamic batch).  Refused:
+antialias, tf_crop_and_resize, a resized axis of unknown size, and scales/sizes computed in the
+graph when the output's size along a resized axis is not static either.
 """
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ def interpolation_matrix(mode: str, transform: str, nearest_mode: str, cubic_a: 
     raise ValueError(mode)
 
 
-def _axes_and_scales(ctx: GradientContext, in_shape: List[int], out_shape):
+def _axes_and_scales(ctx: GradientContext, in_shape: List, out_shape):
     """``[(axis, in_len, out_len, scale)]`` for the resized axes (``out_shape`` may be None or partial)."""
     rank = len(in_shape)
     axes = ctx.attr("axes")
@@ -108,6 +109,8 @@ def _axes_and_scales(ctx: GradientContext, in_shape: List[int], out_shape):
     scales = None if scales is None or scales.size == 0 else [float(s) for s in scales.reshape(-1)]
     sizes = None if sizes is None or sizes.size == 0 else [int(s) for s in sizes.reshape(-1)]
     policy = _text(ctx.attr("keep_aspect_ratio_policy"), "stretch")
+    if sizes is not None and any(not isinstance(in_shape[a], int) for a in axes):
+        raise ctx.unsupported("Resize to constant sizes of an input whose shape is not static")
     if sizes is not None and policy in ("not_larger", "not_smaller"):
         ratios = [s / in_shape[a] for s, a in zip(sizes, axes)]
         common = min(ratios) if policy == "not_larger" else max(ratios)
@@ -116,6 +119,13 @@ def _axes_and_scales(ctx: GradientContext, in_shape: List[int], out_shape):
     result = []
     for index, axis in enumerate(axes):
         in_len = in_shape[axis]
+        if not isinstance(in_len, int):
+            unchanged = (scales is not None and scales[index] == 1.0) or \
+                (scales is None and out_shape is not None and out_shape[axis] == in_len)
+            if not unchanged:
+                raise ctx.unsupported(f"Resize along axis {axis}, whose size is not static (the interpolation "
+                                      f"matrices are built with the artifacts)")
+            continue  # a symbolic (batch) axis that is not resized
         if sizes is not None:
             out_len = sizes[index]
         elif scales is not None:
@@ -145,9 +155,8 @@ def resize(ctx: GradientContext) -> None:
     if transform == "tf_crop_and_resize":
         raise ctx.unsupported("Resize with coordinate_transformation_mode 'tf_crop_and_resize'")
     in_shape, out_shape = ctx.shape(ctx.I(0)), ctx.shape(ctx.O(0))
-    if in_shape is None or not all(isinstance(d, int) for d in in_shape):
-        raise ctx.unsupported("Resize of an input whose shape is not static (the interpolation matrices are "
-                              "built with the artifacts)")
+    if in_shape is None:
+        raise ctx.unsupported("Resize of an input of unknown rank")
     rank = len(in_shape)
     matrices = []
     for axis, in_len, out_len, scale in _axes_and_scales(ctx, in_shape, out_shape):
