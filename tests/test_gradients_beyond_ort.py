@@ -217,14 +217,34 @@ def _prepare(case: ModelCase, root: pathlib.Path):
     return _PREPARED[case.name]
 
 
-def _check(got: Dict[str, np.ndarray], reference, single, label: str) -> None:
-    for name, expected in reference.items():
-        scale = max(float(np.abs(expected).max()), 1e-12)
-        error = float(np.abs(got[name] - expected).max()) / scale
-        float32_error = float(np.abs(single[name] - expected).max()) / scale
+def _check(got: Dict[str, np.ndarray], reference, single, label: str, expected=None) -> None:
+    """``got`` within 1e-4 of ``expected`` (default: the float64 ``reference``) relative to the largest
+    float64 gradient magnitude, or no farther than twice float32 torch is from float64 torch."""
+    expected = reference if expected is None else expected
+    for name, exact in reference.items():
+        scale = max(float(np.abs(exact).max()), 1e-12)
+        error = float(np.abs(got[name] - expected[name]).max()) / scale
+        float32_error = float(np.abs(single[name] - exact).max()) / scale
         assert error <= max(RELATIVE_TOLERANCE, 2 * float32_error), (
             f"{label}: gradient of {name!r} off by {error:.3g} of its largest magnitude (float32 torch: "
             f"{float32_error:.3g})")
+
+
+_OURS: Dict[str, Dict[str, np.ndarray]] = {}
+
+
+def _our_grads(case: ModelCase, root: pathlib.Path) -> Dict[str, np.ndarray]:
+    """One train step of ``ort_torch_compat.api`` on our artifacts, once per case.
+
+    ``gradients="exact"``: by default the api reproduces ORT's own builder's ScatterElements
+    gradient, which ignores reduction="add"; our builder (and ORT running our artifacts)
+    honours it."""
+    import ort_torch_compat.api as ours
+
+    if case.name not in _OURS:
+        directory, feeds, params, _, _ = _prepare(case, root)
+        _OURS[case.name] = _module_grads(ours, directory, feeds, params, gradients="exact")
+    return _OURS[case.name]
 
 
 @pytest.fixture(scope="module")
@@ -237,10 +257,7 @@ def test_ours_trains_to_float64_torch_gradients(case, artifact_root):
     import ort_torch_compat.api as ours
 
     directory, feeds, params, reference, single = _prepare(case, artifact_root)
-    # "exact": by default the api reproduces ORT's own builder's ScatterElements gradient, which
-    # ignores reduction="add"; our builder (and ORT running our artifacts) honours it.
-    _check(_module_grads(ours, directory, feeds, params, gradients="exact"), reference, single,
-           "ort_torch_compat.api")
+    _check(_our_grads(case, artifact_root), reference, single, "ort_torch_compat.api")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -249,7 +266,43 @@ def test_live_ort_trains_our_artifacts(case, artifact_root, ort_api):
 
     onnxruntime.set_default_logger_severity(3)
     directory, feeds, params, reference, single = _prepare(case, artifact_root)
-    _check(_module_grads(ort_api, directory, feeds, params), reference, single, "onnxruntime-training")
+    got = _module_grads(ort_api, directory, feeds, params)
+    _check(got, reference, single, "onnxruntime-training")
+    _check(got, reference, single, "onnxruntime-training versus ort_torch_compat.api",
+           expected=_our_grads(case, artifact_root))
+
+
+def _single_node_model(node: onnx.NodeProto, inputs, params: Dict[str, np.ndarray], opset: int = 17):
+    graph = helper.make_graph([node], "refused", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                                                  for n, s in inputs],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v, k) for k, v in params.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+REFUSED = [
+    ("einsum_diagonal", helper.make_node("Einsum", ["w", "x"], ["y"], equation="ii,ij->ij"),
+     [("x", [3, 4])], {"w": np.ones((3, 3), np.float32)}, "index repeated within operand 0"),
+    ("resize_antialias", helper.make_node("Resize", ["w", "", "s"], ["y"], mode="linear", antialias=1),
+     [], {"w": np.ones((1, 1, 4, 4), np.float32), "s": np.array([1, 1, 0.5, 0.5], np.float32)}, "antialias"),
+    ("conv_transpose_auto_pad", helper.make_node("ConvTranspose", ["x", "w"], ["y"], auto_pad="SAME_UPPER",
+                                                 strides=[2, 2]),
+     [("x", [1, 2, 3, 3])], {"w": np.ones((2, 2, 3, 3), np.float32)}, "auto_pad"),
+    ("scatter_mul", helper.make_node("ScatterElements", ["w", "i", "w2"], ["y"], reduction="mul"),
+     [], {"w": np.ones((2, 2), np.float32), "i": np.zeros((1, 2), np.int64), "w2": np.ones((1, 2), np.float32)},
+     "reduction='mul'"),
+]
+
+
+@pytest.mark.parametrize("name, node, inputs, params, reason", REFUSED, ids=[r[0] for r in REFUSED])
+def test_unsupported_configurations_are_refused_by_name(name, node, inputs, params, reason, tmp_path):
+    model = _single_node_model(node, inputs, params, opset=18)
+    trainable = [k for k, v in params.items() if v.dtype == np.float32 and k != "s"]
+    with pytest.raises(artifacts.UnsupportedGradientError, match=reason.replace("(", r"\(").replace("[", r"\[")):
+        artifacts.generate_artifacts(model, requires_grad=trainable, loss=artifacts.LossType.MSELoss,
+                                     optimizer=artifacts.OptimType.SGD, artifact_directory=str(tmp_path))
+    assert not any(tmp_path.iterdir())
 
 
 def test_ort_own_generator_cannot_build_these_gradients(tmp_path):
