@@ -5,7 +5,9 @@ is ``y = M x`` along that axis with an ``(out x in)`` matrix that depends only o
 and attributes.  With static sizes the matrices are computed here (numpy, the formulas of
 ``graph/converters/resize.py``), and the gradient applies ``M^T`` along each resized axis,
 last axis first: a MatMul (``dY M`` on the last axis, ``M^T dY`` on the one before it,
-Transposes around it for other axes).  Plain ONNX ops, so ORT runs it.
+Transposes around it for other axes).  Nearest upsampling by an integer factor that repeats
+each element (what ``nn.Upsample(scale_factor=2)`` exports) skips the matrix: one Reshape to
+``[..., in, s, ...]`` and a ReduceSum over the ``s`` axes.  Plain ONNX ops, so ORT runs it.
 
 Symbolic dims are fine on axes that are not resized (scale 1: a dynamic batch).  Refused:
 antialias, tf_crop_and_resize, a resized axis of unknown size, and scales/sizes computed in the
@@ -20,7 +22,7 @@ import numpy as np
 
 from ..context import GradientContext
 from ..gradient_registry import register
-from ._helpers import constant_value
+from ._helpers import constant_value, reduce
 
 
 def _text(value, default: str) -> str:
@@ -140,6 +142,34 @@ def _axes_and_scales(ctx: GradientContext, in_shape: List, out_shape):
     return result
 
 
+def _is_repeat(matrix: np.ndarray) -> bool:
+    """Nearest upsampling by an integer factor that repeats each input element (``o -> o // s``)."""
+    out_len, in_len = matrix.shape
+    if out_len % in_len or out_len == in_len:
+        return False
+    return np.array_equal(matrix, np.repeat(np.eye(in_len), out_len // in_len, axis=0))
+
+
+def _fits_reshape(in_shape: List, repeated) -> bool:
+    """At most one dim of the split shape is unknown (it becomes Reshape's -1)."""
+    return sum(not isinstance(d, int) for d in in_shape) <= 1
+
+
+def _sum_repeats(ctx: GradientContext, grad: str, dims: List, repeated, output: str) -> None:
+    """Axes that repeat each element ``s`` times: dY reshaped to ``[..., in, s, ...]``, summed over ``s``.
+
+    (The same as the matrix product, without the ``out x in`` matrix.)"""
+    split: List[int] = []
+    summed: List[int] = []
+    for axis, dim in enumerate(dims):  # dY's dims, with the input's length along the repeated axes
+        split.append(dim if isinstance(dim, int) else -1)
+        if axis in repeated:
+            summed.append(len(split))
+            split.append(repeated[axis])
+    reshaped = ctx.emit("Reshape", [grad, ctx.int64s("dY_split_shape", split)], [ctx.IA("dY_split")])[0]
+    reduce(ctx, "ReduceSum", reshaped, summed, False, output)
+
+
 @register("Resize", inputs=(0,))
 def resize(ctx: GradientContext) -> None:
     mode = _text(ctx.attr("mode"), "nearest")
@@ -169,6 +199,16 @@ def resize(ctx: GradientContext) -> None:
     if not matrices:
         ctx.emit("Identity", [grad], [ctx.GI(0)])
         return
+    repeated = {axis: matrix.shape[0] // matrix.shape[1] for axis, matrix in matrices if _is_repeat(matrix)}
+    if repeated and _fits_reshape(in_shape, repeated):
+        dims = list(in_shape)  # dY's dims: the output's along the axes resized by a matrix
+        for axis, matrix in matrices:
+            if axis not in repeated:
+                dims[axis] = matrix.shape[0]
+        matrices = [(axis, matrix) for axis, matrix in matrices if axis not in repeated]
+        output = ctx.GI(0) if not matrices else ctx.IA("dX_repeats_summed")
+        _sum_repeats(ctx, grad, dims, repeated, output)
+        grad = output
     dtype = ctx.np_dtype(ctx.I(0))
     for step, (axis, matrix) in enumerate(sorted(matrices, reverse=True, key=lambda item: item[0])):
         output = ctx.GI(0) if step == len(matrices) - 1 else ctx.IA(f"dX_axis{axis}")
