@@ -1,5 +1,5 @@
 """Normalizations over channel groups and given axes: GroupNormalization (18: scale and bias
-per group; 21: per channel), MeanVarianceNormalization and LpNormalization."""
+per group; 21: per channel), InstanceNormalization, MeanVarianceNormalization and LpNormalization."""
 from __future__ import annotations
 
 import torch
@@ -66,3 +66,23 @@ class LpNorm(OnnxModule):
 def _lp_norm(node: OnnxNode, graph: OnnxGraph):
     a = node.attributes
     return result(LpNorm(int(a.get("axis", -1)), int(a.get("p", 2))), node)
+
+
+class InstanceNorm(OnnxModule):
+    """InstanceNormalization with scale and bias as inputs.
+
+    onnx2torch's converter reads the input's rank from the graph's value_info when scale and
+    bias are initializers, and fails (KeyError) where the graph declares none, as in the
+    training model of a dynamo-exported GroupNorm."""
+
+    def __init__(self, epsilon: float):
+        super().__init__()
+        self.epsilon = epsilon
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return F.instance_norm(x, weight=scale, bias=bias, use_input_stats=True, eps=self.epsilon)
+
+
+@register("InstanceNormalization", 1, 6)
+def _instance_norm(node: OnnxNode, graph: OnnxGraph):
+    return result(InstanceNorm(float(node.attributes.get("epsilon", 1e-5))), node)

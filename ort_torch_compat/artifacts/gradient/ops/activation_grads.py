@@ -118,3 +118,10 @@ def hard_swish(ctx: GradientContext) -> None:
     slope = ctx.emit("Add", [ctx.emit("Mul", [ramp, inside], [ctx.IA("ramp_inside")])[0], above],
                      [ctx.IA("slope")])[0]
     ctx.emit("Mul", [ctx.GO(0), slope], [ctx.GI(0)])
+
+
+@register("Softplus")
+def softplus(ctx: GradientContext) -> None:
+    """``y = log(1 + exp(x))``: ``dy/dx = sigmoid(x)`` (ORT 1.19.2 has no Softplus gradient)."""
+    slope = ctx.emit("Sigmoid", [ctx.I(0)], [ctx.IA("Sigmoid_X")])[0]
+    ctx.emit("Mul", [ctx.GO(0), slope], [ctx.GI(0)])

@@ -1,4 +1,5 @@
-"""Gradients of convolution and pooling (ORT's ConvGrad, MaxPoolGrad and AveragePoolGrad kernels)."""
+"""Gradients of convolution and pooling (ORT's ConvGrad, MaxPoolGrad and AveragePoolGrad kernels;
+ConvTranspose, which ORT 1.19.2 has no gradient for, through standard Conv ops)."""
 from __future__ import annotations
 
 import math
@@ -7,6 +8,7 @@ import numpy as np
 
 from ..context import MS_DOMAIN, GradientContext
 from ..gradient_registry import register
+from ._helpers import reduce
 
 
 @register("Conv")
@@ -81,3 +83,54 @@ def global_average_pool(ctx: GradientContext) -> None:
     scaled = ctx.emit("Scale", [ctx.GO(0), scale], [ctx.IA("scaled_dY")], domain=MS_DOMAIN, scale_down=1)[0]
     x_shape = ctx.emit("Shape", [x], [ctx.IA("x_shape")])[0]
     ctx.emit("Expand", [scaled, x_shape], [ctx.GI(0)])
+
+
+@register("ConvTranspose")
+def conv_transpose(ctx: GradientContext) -> None:
+    """ConvTranspose's gradient from standard Conv ops (ORT 1.19.2 has no ConvTranspose gradient).
+
+    ``y[n, g*Cog + o, i*s + k*d - pad] += x[n, c, i] * W[c, o, k]`` (c in group g), so
+    ``dX = Conv(dY, W)`` with the same strides, dilations, pads and group; ``dW`` is a Conv of
+    ``dY`` (batch and channels swapped: input ``[Cog, g*N, Hy]``) with ``x`` as the kernel
+    (``[Cin, N, Hx]``), stride and dilation exchanged, cut to the kernel size; ``dB`` sums
+    ``dY`` over every axis but the channels.
+    """
+    x, w, dy = ctx.I(0), ctx.I(1), ctx.GO(0)
+    w_shape = ctx.shape(w)
+    if w_shape is None or not all(isinstance(d, int) for d in w_shape):
+        raise ctx.unsupported("ConvTranspose with a weight of unknown shape")
+    rank = len(w_shape) - 2
+    kernel = list(ctx.attr("kernel_shape", w_shape[2:]))
+    strides = list(ctx.attr("strides", [1] * rank))
+    dilations = list(ctx.attr("dilations", [1] * rank))
+    pads = list(ctx.attr("pads", [0] * 2 * rank))
+    output_padding = list(ctx.attr("output_padding", [0] * rank))
+    group = int(ctx.attr("group", 1))
+    if ctx.attr("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or ctx.attr("output_shape") is not None:
+        raise ctx.unsupported("ConvTranspose with auto_pad or output_shape (only explicit pads are supported)")
+    if ctx.requires(2):
+        reduce(ctx, "ReduceSum", dy, [0, *range(2, rank + 2)], False, ctx.GI(2))
+    if ctx.requires(0):
+        ctx.emit("Conv", [dy, w], [ctx.GI(0)], kernel_shape=kernel, strides=strides, dilations=dilations, pads=pads,
+                 group=group)
+    if not ctx.requires(1):
+        return
+    dy_shape = ctx.shape(ctx.O(0))
+    if dy_shape is None or not all(isinstance(d, int) for d in dy_shape[1:]):
+        raise ctx.unsupported("the gradient of ConvTranspose's weight needs static channel and spatial dims")
+    group_out = w_shape[1]
+    split = ctx.int64s("dY_grouped_shape", [0, group, group_out, *dy_shape[2:]])
+    grouped = ctx.emit("Reshape", [dy, split], [ctx.IA("dY_grouped")])[0]
+    moved = ctx.emit("Transpose", [grouped], [ctx.IA("dY_channels_first")],
+                     perm=[2, 1, 0, *range(3, rank + 3)])[0]
+    merged = ctx.int64s("dY_as_batch_shape", [group_out, -1, *dy_shape[2:]])
+    images = ctx.emit("Reshape", [moved, merged], [ctx.IA("dY_as_batch")])[0]
+    filters = ctx.emit("Transpose", [x], [ctx.IA("X_as_kernel")], perm=[1, 0, *range(2, rank + 2)])[0]
+    extent = [k + p // d for k, p, d in zip(kernel, output_padding, dilations)]  # the Conv's output size
+    full = ctx.emit("Conv", [images, filters], [ctx.IA("dW_transposed_full")], strides=dilations, dilations=strides,
+                    pads=pads, group=group)[0]
+    if extent != kernel:
+        axes = list(range(2, rank + 2))
+        full = ctx.emit("Slice", [full, ctx.int64s("zeros", [0] * rank), ctx.int64s("kernel_ends", kernel),
+                                  ctx.int64s("kernel_axes", axes)], [ctx.IA("dW_transposed")])[0]
+    ctx.emit("Transpose", [full], [ctx.GI(1)], perm=[1, 0, *range(2, rank + 2)])

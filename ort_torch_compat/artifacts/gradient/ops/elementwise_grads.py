@@ -203,3 +203,9 @@ def max_min(ctx: GradientContext) -> None:
         if ctx.requires(slot):
             part = ctx.emit("Mul", [shared, masks[slot]], [ctx.IA(f"PreReduceGrad_{slot}")])[0]
             _reduced(ctx, part, slot, ctx.GI(slot))
+
+
+@register("CastLike", inputs=(0,))
+def cast_like(ctx: GradientContext) -> None:
+    """The gradient is cast back to the input's type (ORT 1.19.2 has no CastLike gradient)."""
+    ctx.emit("CastLike", [ctx.GO(0), ctx.I(0)], [ctx.GI(0)])

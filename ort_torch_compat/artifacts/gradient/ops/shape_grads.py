@@ -1,5 +1,5 @@
 """Gradients of ops that move data without arithmetic: reshape, transpose, (un)squeeze, concat,
-split, slice, gather.  Each routes the output gradient back to where the input elements came
+split, slice, gather, tile, scatter.  Each routes the output gradient back to where the input elements came
 from; slice and gather scatter it into zeros with ORT's SliceGrad / GatherGrad kernels."""
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from onnx import numpy_helper
 
 from ..context import MS_DOMAIN, GradientContext
 from ..gradient_registry import register
+from ._helpers import constant_value, reduce
 
 
 @register("Reshape", "Flatten", inputs=(0,))
@@ -121,3 +122,46 @@ def pad(ctx: GradientContext) -> None:
     negative = ctx.emit("Neg", [ctx.I(1)], [ctx.IA("Neg_pads")])[0]
     axes = [ctx.I(3)] if ctx.num_inputs() > 3 and ctx.I(3) else []
     ctx.emit("Pad", [ctx.GO(0), negative, *([""] + axes if axes else [])], [ctx.GI(0)])
+
+
+@register("Tile", inputs=(0,))
+def tile(ctx: GradientContext) -> None:
+    """Sum the copies: dY reshaped to ``[r0, d0, r1, d1, ...]`` and summed over the ``r`` axes."""
+    shape = ctx.shape(ctx.I(0))
+    repeats = constant_value(ctx, ctx.I(1))
+    if shape is None and repeats is None:
+        raise ctx.unsupported("Tile of an input of unknown rank")
+    rank = len(shape) if shape is not None else int(np.asarray(repeats).size)
+    if shape is not None and repeats is not None and all(isinstance(d, int) for d in shape):
+        interleaved = ctx.int64s("interleaved_shape", [v for pair in zip(np.asarray(repeats).reshape(-1).tolist(), shape)
+                                                       for v in pair])
+    else:
+        x_dims = ctx.emit("Shape", [ctx.I(0)], [ctx.IA("X_shape")])[0]
+        columns = [ctx.IA("repeats_column"), ctx.IA("dims_column")]
+        ctx.unsqueeze(ctx.I(1), [1], columns[0])
+        ctx.unsqueeze(x_dims, [1], columns[1])
+        pairs = ctx.emit("Concat", columns, [ctx.IA("repeat_dim_pairs")], axis=1)[0]
+        interleaved = ctx.emit("Reshape", [pairs, ctx.int64s("flat", [-1])], [ctx.IA("interleaved_shape")])[0]
+    split = ctx.emit("Reshape", [ctx.GO(0), interleaved], [ctx.IA("dY_split")])[0]
+    reduce(ctx, "ReduceSum", split, list(range(0, 2 * rank, 2)), False, ctx.GI(0))
+
+
+@register("ScatterElements", inputs=(0, 2))
+def scatter_elements(ctx: GradientContext) -> None:
+    """``data`` gets dY with the written positions zeroed (added to, with reduction="add");
+    ``updates`` gets dY gathered at the indices."""
+    reduction = ctx.attr("reduction", b"none")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+    if reduction not in ("none", "add"):
+        raise ctx.unsupported(f"ScatterElements with reduction={reduction!r} (only none and add)")
+    axis = int(ctx.attr("axis", 0))
+    if ctx.requires(0):
+        if reduction == "add":
+            ctx.emit("Identity", [ctx.GO(0)], [ctx.GI(0)])
+        else:
+            dims = ctx.emit("Shape", [ctx.I(2)], [ctx.IA("updates_shape")])[0]
+            zeros = ctx.emit("ConstantOfShape", [dims], [ctx.IA("zeros")],
+                             value=numpy_helper.from_array(np.zeros([1], dtype=ctx.np_dtype(ctx.I(0)))))[0]
+            ctx.emit("ScatterElements", [ctx.GO(0), ctx.I(1), zeros], [ctx.GI(0)], axis=axis)
+    if ctx.requires(2):
+        ctx.emit("GatherElements", [ctx.GO(0), ctx.I(1)], [ctx.GI(2)], axis=axis)
