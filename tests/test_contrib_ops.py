@@ -372,3 +372,63 @@ def test_nll_internal(reduction, weighted, ignore):
     module = module.double()
     x = torch.from_numpy(feeds["x"]).double().requires_grad_(True)
     assert torch.autograd.gradcheck(lambda t: module(t, torch.from_numpy(feeds["label"]))[0], (x,))
+
+
+# ---- the optimizer model: InplaceClipGradNorm --------------------------------------------------------
+
+def _clip_artifacts(directory, max_norm: float, optimizer: str):
+    training = pytest.importorskip("onnxruntime.training")
+    from onnxruntime.training import artifacts, onnxblock
+    weight = RNG.standard_normal((3, 4)).astype(np.float32)
+    bias = RNG.standard_normal(3).astype(np.float32)
+    base = _model([h.make_node("Gemm", ["x", "W", "B"], ["y"], transB=1)], [_vi("x", [2, 4])], [_vi("y", [2, 3])],
+                  [nh.from_array(weight, "W"), nh.from_array(bias, "B")])
+    clip = onnxblock.optim.ClipGradNorm(max_norm)
+    block = onnxblock.optim.AdamW(clip_grad=clip) if optimizer == "adamw" else onnxblock.optim.SGD(clip_grad=clip)
+    artifacts.generate_artifacts(base, requires_grad=["W", "B"], loss=artifacts.LossType.MSELoss, optimizer=block,
+                                 artifact_directory=str(directory))
+    for path in directory.glob("*.onnx"):  # onnx >= 1.17 writes IR versions ORT 1.19 refuses
+        model = onnx.load(str(path))
+        model.ir_version = 10
+        onnx.save(model, str(path))
+    assert "InplaceClipGradNorm" in [n.op_type for n in onnx.load(str(directory / "optimizer_model.onnx")).graph.node]
+    return training
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+@pytest.mark.parametrize("max_norm", [0.05, 1e3])
+def test_clip_grad_norm_optimizer_matches_onnxruntime(tmp_path, optimizer, max_norm):
+    """onnxblock's ClipGradNorm (InplaceClipGradNorm before the optimizer node), clipping or not."""
+    _clip_artifacts(tmp_path, max_norm, optimizer)
+    import onnxruntime.training.api as ort_api
+
+    import ort_torch_compat.api as our_api
+    x = (RNG.standard_normal((2, 4)) * 3).astype(np.float32)
+    target = RNG.standard_normal((2, 3)).astype(np.float32)
+    results = []
+    for api in (ort_api, our_api):
+        state = api.CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+        module = api.Module(str(tmp_path / "training_model.onnx"), state, str(tmp_path / "eval_model.onnx"))
+        opt = api.Optimizer(str(tmp_path / "optimizer_model.onnx"), module)
+        module.train()
+        losses = []
+        for _ in range(3):
+            losses.append(float(module(x, target)))
+            opt.step()
+            module.lazy_reset_grad()
+        results.append((np.array(losses), module.get_contiguous_parameters().numpy().copy()))
+    (ort_losses, ort_params), (our_losses, our_params) = results
+    np.testing.assert_allclose(our_losses, ort_losses, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(our_params, ort_params, rtol=1e-5, atol=1e-6)
+
+
+def test_optimizer_model_with_an_unknown_node_is_refused():
+    from ort_torch_compat.errors import ModelLoadError
+    from ort_torch_compat.optim import parse_optimizer_model
+    inputs = [h.make_tensor_value_info("learning_rate", T.FLOAT, [1]), h.make_tensor_value_info("step", T.INT64, [1])]
+    inputs += [h.make_tensor_sequence_value_info(n, T.FLOAT, None) for n in ("params", "gradients", "first_order_moments")]
+    nodes = [h.make_node("Identity", ["learning_rate"], ["lr2"]),
+             h.make_node("SGDOptimizerV2", ["learning_rate", "params", "gradients"], ["done"], domain="com.microsoft")]
+    model = h.make_model(h.make_graph(nodes, "g", inputs, [h.make_tensor_value_info("done", T.BOOL, [1])]))
+    with pytest.raises(ModelLoadError, match="Identity"):
+        parse_optimizer_model(model, "optimizer.onnx")
