@@ -432,3 +432,75 @@ def test_optimizer_model_with_an_unknown_node_is_refused():
     model = h.make_model(h.make_graph(nodes, "g", inputs, [h.make_tensor_value_info("done", T.BOOL, [1])]))
     with pytest.raises(ModelLoadError, match="Identity"):
         parse_optimizer_model(model, "optimizer.onnx")
+
+
+# ---- generate_artifacts(ort_format=True): ORT-format files carry the session-time fusions ----------
+
+def _fusable_net() -> onnx.ModelProto:
+    """Conv+Relu, MatMul+Add+erf-GELU, Add+LayerNormalization, Transpose+MatMul*scale, Softmax."""
+    rng = np.random.default_rng(5)
+    nodes = [
+        h.make_node("Conv", ["x", "cw", "cb"], ["c1"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c1"], ["r1"]),
+        h.make_node("Flatten", ["r1"], ["f"]),
+        h.make_node("MatMul", ["f", "w1"], ["m1"]), h.make_node("Add", ["m1", "b1"], ["a1"]),
+        h.make_node("Div", ["a1", "sqrt2"], ["d"]), h.make_node("Erf", ["d"], ["e"]),
+        h.make_node("Add", ["e", "one"], ["e1"]), h.make_node("Mul", ["a1", "e1"], ["g0"]),
+        h.make_node("Mul", ["g0", "half"], ["g"]), h.make_node("Add", ["g", "skip"], ["s"]),
+        # ORT's LayerNormalization gradient needs the mean / inv_std outputs declared
+        h.make_node("LayerNormalization", ["s", "lg", "lb"], ["ln", "lmean", "listd"], axis=-1),
+        h.make_node("Transpose", ["w2"], ["w2t"], perm=[1, 0]), h.make_node("MatMul", ["ln", "w2t"], ["m2"]),
+        h.make_node("Mul", ["m2", "sc"], ["m2s"]), h.make_node("Add", ["m2s", "b2"], ["a2"]),
+        h.make_node("Softmax", ["a2"], ["y"], axis=-1),
+    ]
+    inits = [_const("cw", rng.standard_normal((2, 1, 3, 3)) * .3), _const("cb", [0.1, -0.1]),
+             _const("w1", rng.standard_normal((32, 8)) * .2), _const("b1", rng.standard_normal(8)),
+             _const("sqrt2", 1.4142135), _const("one", 1.0), _const("half", 0.5), _const("skip", rng.standard_normal(8)),
+             _const("lg", np.ones(8)), _const("lb", np.zeros(8)), _const("w2", rng.standard_normal((5, 8)) * .3),
+             _const("sc", 0.5), _const("b2", rng.standard_normal(5))]
+    return _model(nodes, [_vi("x", [2, 1, 4, 4])], [_vi("y", [2, 5])], inits)
+
+
+def test_ort_format_artifacts_with_session_fusions_match_onnxruntime(tmp_path):
+    """With ort_format=True, generate_artifacts also writes .ort training and eval models optimized
+    at level 'all' (tools/convert_onnx_models_to_ort.py, style Fixed): FusedConv, FusedMatMul and
+    Gelu, which the .onnx files never hold, are in them.  Train 3 steps and evaluate on both."""
+    pytest.importorskip("onnxruntime.training")
+    from onnxruntime.training import artifacts
+    import onnxruntime.training.api as ort_api
+
+    import ort_torch_compat.api as our_api
+    from ort_torch_compat.ortformat import read_ort_model
+    base = _fusable_net()
+    trained = ["cw", "w1", "b1", "w2", "b2", "lg"]
+    artifacts.generate_artifacts(base, requires_grad=trained, loss=artifacts.LossType.MSELoss,
+                                 artifact_directory=str(tmp_path), ort_format=True)
+    (tmp_path / "opt").mkdir()
+    artifacts.generate_artifacts(base, requires_grad=trained, loss=artifacts.LossType.MSELoss,
+                                 optimizer=artifacts.OptimType.AdamW, artifact_directory=str(tmp_path / "opt"))
+    optimizer = onnx.load(str(tmp_path / "opt" / "optimizer_model.onnx"))
+    optimizer.ir_version = 10
+    onnx.save(optimizer, str(tmp_path / "optimizer_model.onnx"))
+    for name in ("training_model.ort", "eval_model.ort"):
+        ops = {n.op_type for n in read_ort_model((tmp_path / name).read_bytes()).graph.node if n.domain == "com.microsoft"}
+        assert {"FusedConv", "FusedMatMul"} <= ops, (name, ops)
+
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 1, 4, 4)).astype(np.float32)
+    target = rng.standard_normal((2, 5)).astype(np.float32)
+    results = []
+    for api in (ort_api, our_api):
+        state = api.CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+        module = api.Module(str(tmp_path / "training_model.ort"), state, str(tmp_path / "eval_model.ort"))
+        opt = api.Optimizer(str(tmp_path / "optimizer_model.onnx"), module)
+        module.train()
+        losses = []
+        for _ in range(3):
+            losses.append(float(module(x, target)))
+            opt.step()
+            module.lazy_reset_grad()
+        module.eval()
+        losses.append(float(module(x, target)))
+        results.append((np.array(losses), module.get_contiguous_parameters().numpy().copy()))
+    (ort_losses, ort_params), (our_losses, our_params) = results
+    np.testing.assert_allclose(our_losses, ort_losses, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(our_params, ort_params, rtol=1e-5, atol=1e-6)
