@@ -504,3 +504,42 @@ def test_ort_format_artifacts_with_session_fusions_match_onnxruntime(tmp_path):
     (ort_losses, ort_params), (our_losses, our_params) = results
     np.testing.assert_allclose(our_losses, ort_losses, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(our_params, ort_params, rtol=1e-5, atol=1e-6)
+
+
+def test_training_model_with_ops_ort_has_no_cpu_kernel_for(tmp_path):
+    """generate_artifacts writes ScaledSum and IsAllFinite into the training model (this CUDA
+    build's pre-training transformers), which ORT 1.19.2 cannot run on CPU; the eval model keeps
+    the unfused ai.onnx pattern, which it can.  Our training-mode loss equals ORT's eval loss
+    (no dropout or batch statistics in the model); the gradient is the analytic one."""
+    pytest.importorskip("onnxruntime.training")
+    from onnxruntime.training import artifacts
+
+    import ort_torch_compat.api as our_api
+    rng = np.random.default_rng(8)
+    nodes = [h.make_node("MatMul", ["x", "w"], ["a"]), h.make_node("Div", ["a", "s1"], ["p"]),
+             h.make_node("Div", ["x", "s2"], ["q"]), h.make_node("Add", ["p", "q"], ["s"]),
+             h.make_node("IsInf", ["s"], ["i"]), h.make_node("Cast", ["i"], ["ci"], to=T.INT64),
+             h.make_node("ReduceSum", ["ci"], ["r"]), h.make_node("Greater", ["r", "zero"], ["bad"]),
+             h.make_node("Where", ["bad", "zeros", "s"], ["y"])]
+    inits = [_const("w", rng.standard_normal((4, 4))), _const("s1", 2.0), _const("s2", 0.5),
+             _const("zero", 0, np.int64), _const("zeros", np.zeros((2, 4)))]
+    base = _model(nodes, [_vi("x", [2, 4])], [_vi("y", [2, 4])], inits, opset=13)
+    artifacts.generate_artifacts(base, requires_grad=["w"], loss=artifacts.LossType.MSELoss,
+                                 artifact_directory=str(tmp_path))
+    training = onnx.load(str(tmp_path / "training_model.onnx"))
+    assert {"ScaledSum", "IsAllFinite"} <= {n.op_type for n in training.graph.node}
+    evaluation = onnx.load(str(tmp_path / "eval_model.onnx"))
+    evaluation.ir_version = 8
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    target = rng.standard_normal((2, 4)).astype(np.float32)
+    weight = nh.to_array(next(t for t in base.graph.initializer if t.name == "w"))
+    expected = _ort_run(evaluation, {"x": x, "target": target, "w": weight})[0]
+
+    state = our_api.CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+    module = our_api.Module(str(tmp_path / "training_model.onnx"), state, str(tmp_path / "eval_model.onnx"))
+    module.train()
+    loss = module(x, target)
+    np.testing.assert_allclose(np.asarray(loss), expected, rtol=1e-5, atol=1e-6)
+    y = x.astype(np.float64) @ weight / 2.0 + x / 0.5  # MSELoss = mean((y - target)^2)
+    expected_grad = x.T.astype(np.float64) @ (2.0 * (y - target) / y.size) / 2.0
+    np.testing.assert_allclose(state.parameters["w"].grad, expected_grad, rtol=1e-5, atol=1e-6)
