@@ -57,6 +57,8 @@ from tests import op_replay  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures" / "ops"
 DOC = REPO / "docs" / "op-coverage.md"
+#: hand-written: which com.microsoft ops generate_artifacts writes, and our handling of each
+INVENTORY = REPO / "scripts" / "contrib_ops_inventory.md"
 MAX_OPSET = 21
 MAX_IR_VERSION = 10  # ORT 1.19 refuses newer IR versions, which onnx >= 1.17 writes
 NO_KERNEL = "Could not find an implementation"
@@ -670,6 +672,8 @@ train any case of the op, so there is no gradient to compare.
 | domain | op | versions | what ORT says |
 | --- | --- | --- | --- |
 {chr(10).join(not_run)}
+
+{INVENTORY.read_text().strip()}
 """
     DOC.write_text(text)
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelMismatchError, NominalStateError
-from ..optim import OptimizerSpec, adamw_step, linear_lr_factor, parse_optimizer_model, sgd_step
+from ..optim import OptimizerSpec, adamw_step, clip_grad_norm_, linear_lr_factor, parse_optimizer_model, sgd_step
 from .checkpoint_io import moment_mismatch
 from .model_io import ModelSource, describe, load_model
 from .precision import with_precision
@@ -98,6 +98,8 @@ class OptimizerEngine:
             lr = self.group.learning_rate
             fed_step = self.group.step + 1
             a = self.spec.attributes
+            if self.spec.clip_max_norm is not None:  # one norm over every trainable gradient, as ORT
+                clip_grad_norm_([param.grad for params, _ in self._groups for param in params], self.spec.clip_max_norm)
             for params, moments in self._groups:
                 grads = [param.grad for param in params]
                 if self.spec.kind == "SGD":

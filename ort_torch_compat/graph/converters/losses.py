@@ -25,8 +25,10 @@ _NO_LABEL = -(2**63)
 
 
 class NllLoss(OnnxModule):
-    def __init__(self, op_type: str, reduction: str, ignore_index, with_softmax: bool, log_prob_out: bool):
+    def __init__(self, op_type: str, reduction: str, ignore_index, with_softmax: bool, log_prob_out: bool,
+                 compute_dtype: torch.dtype = None):
         super().__init__()
+        self.compute_dtype = compute_dtype  # SoftmaxCrossEntropyLossInternal's output_type
         self.op_type, self.reduction, self.with_softmax, self.log_prob_out = op_type, reduction, with_softmax, log_prob_out
         if ignore_index is None:
             ignore_index = -1 if with_softmax else _NO_LABEL
@@ -35,6 +37,9 @@ class NllLoss(OnnxModule):
         self.ort_detached_log_prob = log_prob_out and with_softmax and reproduce_ort_gradients()
 
     def forward(self, scores: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor = None):
+        if self.compute_dtype is not None:
+            scores = scores.to(self.compute_dtype)
+            weights = None if weights is None else weights.to(self.compute_dtype)
         log_prob = F.log_softmax(scores, dim=1) if self.with_softmax else scores
         labels = labels.long()
         try:
@@ -74,12 +79,29 @@ register("SoftmaxCrossEntropyLoss", 12, 13)(_loss("SoftmaxCrossEntropyLoss", Tru
 register("NegativeLogLikelihoodLoss", 12, 13, 22)(_loss("NegativeLogLikelihoodLoss", False))
 
 
-@register("SoftmaxCrossEntropyLossInternal", 1, domain="com.microsoft")
-def _sce_internal(node: OnnxNode, graph: OnnxGraph):
-    """ORT's fused loss (SoftmaxCrossEntropyLossInternalFusion): ignore_index is an input."""
-    ignore_index = constant_or_none(node, graph, 3)
-    if len(node.input_values) > 3 and node.input_values[3] and ignore_index is None:
-        raise NotImplementedError("SoftmaxCrossEntropyLossInternal with an ignore_index computed at run time")
-    module = NllLoss("SoftmaxCrossEntropyLossInternal", node.attributes.get("reduction", "mean"), ignore_index, True,
-                     len(node.output_values) > 1)
-    return result(module, node, node.input_values[:3])
+def _internal_loss(op_type: str, with_softmax: bool):
+    """ORT's com.microsoft losses, whose ignore_index is input 3 (a constant in the graphs ORT
+    writes).  SoftmaxCrossEntropyLossInternal is written by SoftmaxCrossEntropyLossInternalFusion
+    (LogSoftmax + NegativeLogLikelihoodLossInternal); CastSceLossFusion then folds a float16 ->
+    float Cast of the scores into it with ``output_type`` = FLOAT: ORT computes and returns
+    both outputs (loss, log_prob) in ``output_type``.  NegativeLogLikelihoodLossInternal is the
+    loss ORT's exporter writes for torch's nll_loss / cross_entropy."""
+    def convert(node: OnnxNode, graph: OnnxGraph):
+        ignore_index = constant_or_none(node, graph, 3)
+        if len(node.input_values) > 3 and node.input_values[3] and ignore_index is None:
+            raise NotImplementedError(f"{op_type} with an ignore_index computed at run time")
+        ignore_index = ignore_index[0] if isinstance(ignore_index, list) else ignore_index
+        output_type = node.attributes.get("output_type")
+        if output_type is not None:
+            from .casting import torch_dtype
+            output_type = torch_dtype(int(output_type))
+        module = NllLoss(op_type, node.attributes.get("reduction", "mean"), ignore_index, with_softmax,
+                         len(node.output_values) > 1, output_type)
+        return result(module, node, node.input_values[:3])
+    return convert
+
+
+register("SoftmaxCrossEntropyLossInternal", 1, domain="com.microsoft")(
+    _internal_loss("SoftmaxCrossEntropyLossInternal", True))
+register("NegativeLogLikelihoodLossInternal", 1, domain="com.microsoft")(
+    _internal_loss("NegativeLogLikelihoodLossInternal", False))

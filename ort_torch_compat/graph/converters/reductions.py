@@ -100,3 +100,69 @@ def _arg(largest: bool):
 
 register("ArgMax", 1, 11, 12, 13)(_arg(True))
 register("ArgMin", 1, 11, 12, 13)(_arg(False))
+
+
+class ReduceAllL2(OnnxModule):
+    """com.microsoft ReduceAllL2 (onnxblock's ``blocks.ReduceAllL2``): the L2 norm of all
+    inputs together, sqrt(sum_i sum(x_i^2)), a scalar; ORT's CPU kernel accumulates in float32
+    (float16 inputs included; double stays double) and writes the declared output type (float32
+    unless the graph says otherwise)."""
+
+    def __init__(self, out_dtype: torch.dtype):
+        super().__init__()
+        self.out_dtype = out_dtype
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        total = sum(_square_sum(x.to(torch.promote_types(x.dtype, torch.float32))) for x in inputs)
+        return torch.sqrt(total).to(self.out_dtype)
+
+
+def _square_sum(x: torch.Tensor) -> torch.Tensor:
+    return (x * x).sum()
+
+
+class IsAllFinite(OnnxModule):
+    """com.microsoft IsAllFinite (ORT's IsInfReduceSumFusion writes it, then a Not, for
+    IsInf -> Cast -> ReduceSum -> Greater(0)): a bool scalar, true when no input holds an
+    infinity (isinf_only), a NaN (isnan_only) or either (default)."""
+
+    def __init__(self, isinf_only: bool, isnan_only: bool):
+        super().__init__()
+        if isinf_only and isnan_only:
+            raise ValueError("IsAllFinite: isinf_only and isnan_only cannot both be set")
+        self.isinf_only, self.isnan_only = isinf_only, isnan_only
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        ok = torch.ones((), dtype=torch.bool, device=inputs[0].device if inputs else None)
+        for x in inputs:
+            if self.isinf_only:
+                bad = torch.isinf(x)
+            elif self.isnan_only:
+                bad = torch.isnan(x)
+            else:
+                bad = ~torch.isfinite(x)
+            ok = ok & ~bad.any()
+        return ok
+
+
+@register("ReduceAllL2", 1, domain="com.microsoft")
+def _reduce_all_l2(node: OnnxNode, graph: OnnxGraph):
+    from .casting import torch_dtype
+    declared = _declared_elem_type(graph, node.output_values[0])
+    return result(ReduceAllL2(torch_dtype(declared) if declared else torch.float32), node)
+
+
+@register("IsAllFinite", 1, domain="com.microsoft")
+def _is_all_finite(node: OnnxNode, graph: OnnxGraph):
+    a = node.attributes
+    return result(IsAllFinite(bool(a.get("isinf_only", 0)), bool(a.get("isnan_only", 0))), node)
+
+
+def _declared_elem_type(graph: OnnxGraph, name: str) -> int:
+    """The element type the graph declares for value `name` (0 when it declares none: the
+    engine's forward cut keeps the declared types of the graph outputs only)."""
+    proto = graph.proto
+    for info in list(proto.output) + list(proto.value_info):
+        if info.name == name and info.type.HasField("tensor_type"):
+            return info.type.tensor_type.elem_type
+    return 0
