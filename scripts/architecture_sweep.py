@@ -33,8 +33,8 @@ Usage::
     PYTHONPATH=. python scripts/architecture_sweep.py --archs hf_bert,tv_resnet18 --exporters ts17,dyn18 --out r.json
     PYTHONPATH=. python scripts/architecture_sweep.py --table results.json > docs/architecture-sweep-table.md
 
-Each case runs in its own subprocess (a crash or a hang in one runtime is recorded, not fatal)
-with one thread; ``--out`` is rewritten after every case, and cases already in it are skipped
+Cases run one after the other in a subprocess, with one thread (a crash or a hang in one runtime
+is recorded, not fatal: the rest go on in a new process); ``--out`` is rewritten after every case, and cases already in it are skipped
 unless ``--redo``.
 """
 from __future__ import annotations
@@ -333,6 +333,8 @@ def run_case(arch: str, exporter: str, workdir: pathlib.Path) -> Dict[str, Any]:
     ort_dir, our_dir = workdir / "ort", workdir / "ours"
     ort_dir.mkdir()
     our_dir.mkdir()
+    from ort_torch_compat import api as ours_api
+
     try:
         from onnxruntime.training import api as ort_api
     except ImportError:
@@ -340,14 +342,10 @@ def run_case(arch: str, exporter: str, workdir: pathlib.Path) -> Dict[str, Any]:
     if ort_api is not None and timed("ort_generate", lambda: ort_artifacts(model, trainable, ort_dir)) is None \
             and "ort_generate" not in stages:
         runs["ort"] = timed("ort_train", lambda: train(ort_api, ort_dir, trainable, data, labels))
-        from ort_torch_compat import api as ours_api
-
         runs["ours_on_ort"] = timed("ours_on_ort_train", lambda: train(ours_api, ort_dir, trainable, data, labels))
     elif ort_api is None:
         stages["ort_generate"] = "onnxruntime-training is not installed"
     if timed("ours_generate", lambda: our_artifacts(model, trainable, our_dir)) is None and "ours_generate" not in stages:
-        from ort_torch_compat import api as ours_api
-
         runs["ours"] = timed("ours_train", lambda: train(ours_api, our_dir, trainable, data, labels))
     record["losses"] = {k: (v["losses"] if v else None) for k, v in runs.items()}
     ref = runs.get("ref")
@@ -368,39 +366,79 @@ def run_case(arch: str, exporter: str, workdir: pathlib.Path) -> Dict[str, Any]:
     return record
 
 
-def _child(arch: str, exporter: str, result_path: str) -> int:
+def _one(arch: str, exporter: str) -> Dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"sweep_{arch}_{exporter}_") as tmp:
         try:
-            record = run_case(arch, exporter, pathlib.Path(tmp))
+            return run_case(arch, exporter, pathlib.Path(tmp))
         except Exception as error:  # noqa: BLE001
-            record = {"arch": arch, "exporter": exporter, "class": "EXPORT-FAIL",
-                      "why": "sweep harness: " + _short(error), "stages": {"harness": traceback.format_exc()[-3000:]}}
-    pathlib.Path(result_path).write_text(json.dumps(record, default=float))
+            return {"arch": arch, "exporter": exporter, "class": "EXPORT-FAIL", "why": "sweep harness: " + _short(error),
+                    "stages": {"harness": traceback.format_exc()[-3000:]}}
+
+
+def _child(journal: str, cases: str) -> int:
+    """Run cases one after the other in this process (imports paid once), appending to the
+    journal a ``started`` line before each case and its record after it."""
+    with open(journal, "a") as handle:
+        for item in cases.split(","):
+            arch, exporter = item.split(":")
+            handle.write(json.dumps({"started": item}) + "\n")
+            handle.flush()
+            start = time.perf_counter()
+            record = _one(arch, exporter)
+            record["wall_s"] = round(time.perf_counter() - start, 1)
+            handle.write(json.dumps(record, default=float) + "\n")
+            handle.flush()
     return 0
 
 
-def run_in_subprocess(arch: str, exporter: str, timeout: float) -> Dict[str, Any]:
+def run_in_subprocesses(cases: List[tuple], timeout: float):
+    """Yield one record per (arch, exporter), running them in as few processes as possible: a
+    case that crashes its process or runs over ``timeout`` seconds is recorded as such and the
+    rest go on in a new process."""
+    # 4 forwards: background compilation (ORT_TORCH_COMPAT_COMPILE=auto) would only cost CPU
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                TRANSFORMERS_VERBOSITY="error")
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
-        result_path = handle.name
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), "--child", arch, exporter,
-                               result_path], env=env, timeout=timeout, capture_output=True, text=True)
-        text = pathlib.Path(result_path).read_text()
-        if text:
-            record = json.loads(text)
-        else:
-            record = {"arch": arch, "exporter": exporter, "class": "OURS-FAIL",
-                      "why": f"case process died (rc {proc.returncode}): {proc.stderr[-300:]}", "stages": {}}
-    except subprocess.TimeoutExpired:
-        record = {"arch": arch, "exporter": exporter, "class": "TIMEOUT",
-                  "why": f"over {timeout:.0f} s", "stages": {}}
-    finally:
-        os.unlink(result_path)
-    record["wall_s"] = round(time.perf_counter() - start, 1)
-    return record
+    env.setdefault("ORT_TORCH_COMPAT_COMPILE", "off")
+    pending = [f"{a}:{e}" for a, e in cases]
+    while pending:
+        with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as handle:
+            journal = handle.name
+        errors = tempfile.TemporaryFile(mode="w+")  # the exporters are chatty: a pipe would fill up
+        proc = subprocess.Popen([sys.executable, str(pathlib.Path(__file__).resolve()), "--child", journal,
+                                 ",".join(pending)], env=env, stdout=subprocess.DEVNULL, stderr=errors, text=True)
+        seen = 0
+        current, since = None, time.perf_counter()
+        failure = None
+        while True:
+            lines = pathlib.Path(journal).read_text().splitlines()
+            complete = [line for line in lines if line.endswith("}")]
+            for line in complete[seen:]:
+                entry = json.loads(line)
+                if "started" in entry:
+                    current, since = entry["started"], time.perf_counter()
+                else:
+                    pending.remove(f"{entry['arch']}:{entry['exporter']}")
+                    current = None
+                    yield entry
+            seen = len(complete)
+            if proc.poll() is not None:
+                if current is not None:
+                    errors.seek(0)
+                    failure = {"class": "OURS-FAIL", "why": f"case process died (rc {proc.returncode}): "
+                               + errors.read()[-300:].replace("\n", " ")}
+                break
+            if current is not None and time.perf_counter() - since > timeout:
+                proc.kill()
+                proc.wait()
+                failure = {"class": "TIMEOUT", "why": f"over {timeout:.0f} s"}
+                break
+            time.sleep(1.0)
+        os.unlink(journal)
+        errors.close()
+        if failure is not None and current is not None:
+            arch, exporter = current.split(":")
+            pending.remove(current)
+            yield dict(failure, arch=arch, exporter=exporter, stages={}, wall_s=round(time.perf_counter() - since, 1))
 
 
 # ---------------------------------------------------------------- reports
@@ -435,7 +473,7 @@ def main() -> int:
     parser.add_argument("--redo", action="store_true", help="rerun cases already in --out")
     parser.add_argument("--table", metavar="RESULTS", help="print the markdown table of a results file and exit")
     parser.add_argument("--list", action="store_true")
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return _child(*args.child)
@@ -458,15 +496,13 @@ def main() -> int:
     out = pathlib.Path(args.out)
     results = json.loads(out.read_text()) if out.exists() else []
     done = {(r["arch"], r["exporter"]) for r in results}
-    for arch in archs:
-        for exporter in exporters:
-            if (arch, exporter) in done and not args.redo:
-                continue
-            record = run_in_subprocess(arch, exporter, args.timeout)
-            results = [r for r in results if (r["arch"], r["exporter"]) != (arch, exporter)] + [record]
-            out.write_text(json.dumps(results, indent=1, default=float))
-            print(f"{arch:28s} {exporter:6s} {record['class']:26s} {record.get('wall_s', 0):6.1f}s "
-                  f"{(record.get('why') or '')[:150]}", flush=True)
+    todo = [(a, e) for a in archs for e in exporters if args.redo or (a, e) not in done]
+    for record in run_in_subprocesses(todo, args.timeout):
+        arch, exporter = record["arch"], record["exporter"]
+        results = [r for r in results if (r["arch"], r["exporter"]) != (arch, exporter)] + [record]
+        out.write_text(json.dumps(results, indent=1, default=float))
+        print(f"{arch:28s} {exporter:6s} {record['class']:26s} {record.get('wall_s', 0):6.1f}s "
+              f"{(record.get('why') or '')[:150]}", flush=True)
     print(json.dumps(counts(results)))
     return 0
 

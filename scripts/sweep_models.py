@@ -53,7 +53,7 @@ def _tokens():
 
 
 # ---------------------------------------------------------------- torchvision
-def _tv(factory: str, hw: int = 64, batch: int = 4, **kwargs) -> Callable[[], Case]:
+def _tv(factory: str, hw: int = 32, batch: int = 4, **kwargs) -> Callable[[], Case]:
     def build() -> Case:
         import torchvision
 
@@ -63,7 +63,7 @@ def _tv(factory: str, hw: int = 64, batch: int = 4, **kwargs) -> Callable[[], Ca
     return build
 
 
-def _tv_class(path: str, hw: int = 64, batch: int = 4, **kwargs) -> Callable[[], Case]:
+def _tv_class(path: str, hw: int = 32, batch: int = 4, **kwargs) -> Callable[[], Case]:
     """A torchvision model class with a shrunk configuration (the factory's sizes are too big)."""
 
     def build() -> Case:
@@ -180,7 +180,7 @@ _VISION = dict(image_size=32, patch_size=8, num_channels=3, hidden_size=32, num_
 
 
 ARCHS: Dict[str, Callable[[], Case]] = {
-    # ---- torchvision factories (5 classes, 64 px, batch 4)
+    # ---- torchvision factories (5 classes, 32 px, batch 4)
     "tv_resnet18": _tv("resnet18"),
     "tv_resnet34": _tv("resnet34"),
     "tv_resnet50": _tv("resnet50"),
