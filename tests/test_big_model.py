@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import sys
 import time
 
 import numpy as np
@@ -25,8 +26,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-pytestmark = pytest.mark.skipif(os.environ.get("ORT_TORCH_COMPAT_BIG_TESTS") != "1",
-                                reason="over-2-GB model: set ORT_TORCH_COMPAT_BIG_TESTS=1 (needs ~5 GB of disk, ~8 GB RAM)")
+big = pytest.mark.skipif(os.environ.get("ORT_TORCH_COMPAT_BIG_TESTS") != "1",
+                         reason="over-2-GB model: set ORT_TORCH_COMPAT_BIG_TESTS=1 (needs ~5 GB of disk, ~8 GB RAM)")
 
 BIG_ROWS = 36_000_000  # x 5 columns x 4 bytes = 720 MB per tensor
 BIG_COUNT = 3
@@ -87,6 +88,7 @@ def _train_one_step(api, directory: pathlib.Path, x, target):
     return loss, after, big_row
 
 
+@big
 def test_generate_artifacts_for_a_model_over_2_gb(tmp_path):
     from ort_torch_compat import api as ours
     from ort_torch_compat import artifacts
@@ -136,3 +138,38 @@ def test_generate_artifacts_for_a_model_over_2_gb(tmp_path):
     assert loss == pytest.approx(ort_loss, rel=1e-5)
     for name in after:
         np.testing.assert_allclose(after[name], ort_after[name], rtol=1e-5, atol=1e-6)
+
+
+def test_path_models_check_through_one_shared_tensor_file(tmp_path, monkeypatch):
+    """The same model, 1000x smaller, with every initializer sent to onnxblock's shared temp
+    file (threshold 0): the artifacts equal those made from the ModelProto, and the temp
+    directory is gone afterwards."""
+    from ort_torch_compat import artifacts, onnxblock
+    from ort_torch_compat.onnxblock import blocks
+
+    monkeypatch.setattr(sys.modules[__name__], "BIG_ROWS", 36_000)
+    monkeypatch.setattr(sys.modules[__name__], "ROWS", np.array([0, 1, 18_000, 35_999], np.int64))
+    monkeypatch.setattr(blocks, "_EXTERNAL_MIN_BYTES", 0)
+    source = tmp_path / "model"
+    source.mkdir()
+    model_path = write_big_model(source)
+    made = []
+    original = blocks._ExternalTensors.__init__
+
+    def recording(self):
+        original(self)
+        made.append(self)
+
+    monkeypatch.setattr(blocks._ExternalTensors, "__init__", recording)
+    outputs = {}
+    for form in ("path", "proto"):
+        out = tmp_path / form
+        out.mkdir()
+        onnxblock.reset_name_counter()
+        artifacts.generate_artifacts(str(model_path) if form == "path" else onnx.load(str(model_path)),
+                                     requires_grad=["W1", "b1"], frozen_params=[f"Big{k}" for k in range(BIG_COUNT)],
+                                     loss=artifacts.LossType.MSELoss, optimizer=artifacts.OptimType.AdamW,
+                                     artifact_directory=str(out))
+        outputs[form] = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    assert len(made) == 1 and not os.path.exists(made[0].path)  # used for the path form only, then removed
+    assert outputs["path"] == outputs["proto"]
