@@ -17,7 +17,7 @@ from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
-CASES = [("hf_bert", "transformers"), ("hf_llama", "transformers"), ("tv_resnet_1111", "torchvision")]
+CASES = [("hf_bert", "transformers"), ("hf_llama", "transformers"), ("tv_squeezenet1_1", "torchvision")]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -45,6 +45,11 @@ CASES = {
                                                             _node("Unsqueeze", ["x", "a"], ["y"])]),
     "Unsqueeze-21 axes=Constant(value_ints=[-2])": (21, [_node("Constant", [], ["a"], value_ints=([-2], INTS)),
                                                       _node("Unsqueeze", ["x", "a"], ["y"])]),
+    # an empty slice of the shape is int64 too (GPT-J's repeat_interleave, dynamo exporter)
+    "Shape-15 start=rank, Concat with int64": (15, [_node("Shape", ["x"], ["e"], start=(3, AttributeProto.INT)),
+                                                   _node("Shape", ["x"], ["s"], end=(-1, AttributeProto.INT)),
+                                                   _node("Concat", ["s", "e"], ["y"], axis=(0, AttributeProto.INT))]),
+    "Shape-15 start=-2": (15, [_node("Shape", ["x"], ["y"], start=(-2, AttributeProto.INT))]),
 }
 
 
