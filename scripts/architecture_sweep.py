@@ -32,7 +32,7 @@ Usage::
 
     PYTHONPATH=. python scripts/architecture_sweep.py --all --out results.json     # everything (~1 h on 2 cores)
     PYTHONPATH=. python scripts/architecture_sweep.py --archs hf_bert,tv_resnet18 --exporters ts17,dyn18 --out r.json
-    PYTHONPATH=. python scripts/architecture_sweep.py --table results.json > docs/architecture-sweep-table.md
+    PYTHONPATH=. python scripts/architecture_sweep.py --table results.json      # counts and the per-case table (markdown)
 
 Cases run one after the other in a subprocess, with one thread (a crash or a hang in one runtime
 is recorded, not fatal: the rest go on in a new process); ``--out`` is rewritten after every case, and cases already in it are skipped
@@ -70,8 +70,12 @@ CLASSES = ("MATCH", "ORT-OFF", "OURS-OFF", "ORT-FAIL", "OURS-FAIL", "REFUSED-BY-
 
 
 def _short(error: BaseException, limit: int = 400) -> str:
-    text = f"{type(error).__name__}: {error}".replace("\n", " ")
-    return text if len(text) <= limit else text[:limit] + " ..."
+    """The error in one line; long ones (ORT's C++ signatures) keep their head and their end,
+    where ORT says what is missing ("... has not been registered: HardSwish for node ...")."""
+    import re
+
+    text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", f"{type(error).__name__}: {error}").split())
+    return text if len(text) <= limit else text[:120] + " ... " + text[-(limit - 125):]
 
 
 # ---------------------------------------------------------------- export
@@ -167,7 +171,7 @@ def referee(case, trainable: List[str], data, labels, perturb: int = 0, dtype: s
 
     for step in range(STEPS):
         loss = loss_of(data[step], labels[step])
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         grads = torch.autograd.grad(loss, train, allow_unused=True)
         t = step + 1
         with torch.no_grad():
@@ -255,6 +259,22 @@ def update_error(run: Optional[Dict[str, Any]], ref: Dict[str, Any], start: Dict
     return (num / den) ** 0.5 if den else 0.0
 
 
+def ort_reason(message: str) -> str:
+    """ORT's error reduced to what it says is missing."""
+    import re
+
+    for pattern, template in (
+            (r"has not been registered: (\S+) for node (.*)$", "no gradient builder for {0} (node {1})"),
+            (r"Could not find an implementation for (\S+?)\(\d+\) node with name '([^']*)'", "no kernel for {0} (node {1})"),
+            (r"Cannot compute the partial derivative for '([^']*)' as it's unreachable",
+             "its gradient graph finds parameter {0} unreachable from the loss"),
+            (r"\[ONNXRuntimeError\] : \d+ : (.*)$", "{0}")):
+        match = re.search(pattern, message)
+        if match:
+            return template.format(*(g.strip()[:160] for g in match.groups()))
+    return message[-200:]
+
+
 def _noise(record: Dict[str, Any]) -> float:
     """How far float32 rounding alone takes a correct run: 4x the larger of eager torch in float32
     and the float64 run from parameters moved by half a float32 ulp, off the float64 referee."""
@@ -268,7 +288,10 @@ def classify(record: Dict[str, Any]) -> Dict[str, str]:
     if "ours_generate" in stages:
         message = stages["ours_generate"]
         if "UnsupportedGradientError" in message:
-            return {"class": "REFUSED-BY-OUR-GENERATOR", "why": message}
+            ops = message.split("no gradient for ", 1)[-1].split("  ", 1)[0].strip()
+            ort = next((stages[s] for s in ("ort_generate", "ort_train") if s in stages), None)
+            ort_says = f"ORT: {ort_reason(ort)}" if ort else "ORT trains it"
+            return {"class": "REFUSED-BY-OUR-GENERATOR", "why": f"no gradient for {ops}; {ort_says}"}
         return {"class": "OURS-FAIL", "why": "our generate_artifacts: " + message}
     if "ours_train" in stages:
         return {"class": "OURS-FAIL", "why": "our runtime: " + stages["ours_train"]}
@@ -280,7 +303,7 @@ def classify(record: Dict[str, Any]) -> Dict[str, str]:
         stage = "generate_artifacts" if "ort_generate" in stages else "training"
         if dev["ours"] is not None and dev["ours"] > max(REF_TOL, _noise(record)):
             return {"class": "OURS-OFF", "why": f"ORT fails ({stage}); ours is {dev['ours']:.2g} off the float64 referee"}
-        return {"class": "ORT-FAIL", "why": f"ORT {stage}: {ort_failed}"}
+        return {"class": "ORT-FAIL", "why": f"ORT {stage}: {ort_reason(ort_failed)}"}
     if record["pair_deviation"] <= PAIR_TOL:
         return {"class": "MATCH", "why": ""}
     noise = _noise(record)
@@ -467,6 +490,20 @@ def table(results: List[Dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def summary(results: List[Dict[str, Any]]) -> str:
+    """Counts per class and exporter, as a markdown table."""
+    exporters = [e for e in EXPORTERS if any(r["exporter"] == e for r in results)]
+    classes = [c for c in CLASSES + ("TIMEOUT",) if any(r["class"] == c for r in results)]
+    lines = ["| class | " + " | ".join(exporters) + " | all |", "|---|" + "---|" * (len(exporters) + 1)]
+    for c in classes:
+        row = [sum(1 for r in results if r["class"] == c and r["exporter"] == e) for e in exporters]
+        lines.append(f"| {c} | " + " | ".join(map(str, row)) + f" | {sum(row)} |")
+    totals = [sum(1 for r in results if r["exporter"] == e) for e in exporters]
+    lines.append("| cases | " + " | ".join(map(str, totals)) + f" | {sum(totals)} |")
+    archs = len({r["arch"] for r in results})
+    return f"{archs} architectures, {len(results)} (architecture, exporter) cases.\n\n" + "\n".join(lines)
+
+
 def counts(results: List[Dict[str, Any]]) -> Dict[str, int]:
     out: Dict[str, int] = {}
     for r in results:
@@ -495,9 +532,9 @@ def main() -> int:
         return 0
     if args.table:
         results = json.loads(pathlib.Path(args.table).read_text())
-        print(table(results))
+        print(summary(results))
         print()
-        print(json.dumps(counts(results)))
+        print(table(results))
         return 0
     archs = list(sweep_models.ARCHS) if args.all else [a for a in args.archs.split(",") if a]
     unknown = [a for a in archs if a not in sweep_models.ARCHS]

@@ -301,8 +301,6 @@ ARCHS: Dict[str, Callable[[], Case]] = {
                         image_size=32, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 48]),
     "hf_mobilenet_v2": _hf("MobileNetV2Config", "MobileNetV2ForImageClassification", "image", attn_eager=False,
                            image_size=32, depth_multiplier=0.35),
-    "hf_efficientnet": _hf("EfficientNetConfig", "EfficientNetForImageClassification", "image", attn_eager=False,
-                           image_size=32, width_coefficient=0.25, depth_coefficient=0.25, hidden_dim=320),
     "hf_segformer": _hf("SegformerConfig", "SegformerForImageClassification", "image", attn_eager=False,
                         image_size=32, num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
                         patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2]),
