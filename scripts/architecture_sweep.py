@@ -288,7 +288,10 @@ def classify(record: Dict[str, Any]) -> Dict[str, str]:
     if "ours_generate" in stages:
         message = stages["ours_generate"]
         if "UnsupportedGradientError" in message:
-            ops = message.split("no gradient for ", 1)[-1].split("  ", 1)[0].strip()
+            import re
+
+            header = re.split(r"\s+\w+ \(node '", message.split("no gradient for ", 1)[-1])[0]
+            ops = header.strip(" :;")
             ort = next((stages[s] for s in ("ort_generate", "ort_train") if s in stages), None)
             ort_says = f"ORT: {ort_reason(ort)}" if ort else "ORT trains it"
             return {"class": "REFUSED-BY-OUR-GENERATOR", "why": f"no gradient for {ops}; {ort_says}"}
