@@ -38,6 +38,18 @@ CASES = {
     "ReduceMax-13 axes=[]": (13, [_node("ReduceMax", ["x"], ["y"], axes=([], INTS))]),
     "ReduceSum-11 axes=[]": (11, [_node("ReduceSum", ["x"], ["y"], axes=([], INTS))]),
     "Squeeze-11 axes=[]": (11, [_node("Squeeze", ["x"], ["y"], axes=([], INTS))]),
+    # the dynamo exporter's Unsqueeze axes (GPT-J, BART: scripts/architecture_sweep.py)
+    "Unsqueeze-13 axes=Constant(value_ints=[1])": (13, [_node("Constant", [], ["a"], value_ints=([1], INTS)),
+                                                        _node("Unsqueeze", ["x", "a"], ["y"])]),
+    "Unsqueeze-13 axes=Constant(value_ints=[-1, 0])": (13, [_node("Constant", [], ["a"], value_ints=([-1, 0], INTS)),
+                                                            _node("Unsqueeze", ["x", "a"], ["y"])]),
+    "Unsqueeze-21 axes=Constant(value_ints=[-2])": (21, [_node("Constant", [], ["a"], value_ints=([-2], INTS)),
+                                                      _node("Unsqueeze", ["x", "a"], ["y"])]),
+    # an empty slice of the shape is int64 too (GPT-J's repeat_interleave, dynamo exporter)
+    "Shape-15 start=rank, Concat with int64": (15, [_node("Shape", ["x"], ["e"], start=(3, AttributeProto.INT)),
+                                                   _node("Shape", ["x"], ["s"], end=(-1, AttributeProto.INT)),
+                                                   _node("Concat", ["s", "e"], ["y"], axis=(0, AttributeProto.INT))]),
+    "Shape-15 start=-2": (15, [_node("Shape", ["x"], ["y"], start=(-2, AttributeProto.INT))]),
 }
 
 

@@ -22,6 +22,7 @@ class ModelAccessor:
     def __init__(self, model: onnx.ModelProto, model_path: Optional[str] = None):
         self._model = model
         self._path = model_path
+        self.external_tensors = None  # blocks.py's temp copy of the big tensors, for models given by path
 
     @property
     def model(self) -> onnx.ModelProto:
@@ -74,6 +75,8 @@ def base(model: onnx.ModelProto, model_path: Optional[str] = None) -> Iterator[M
     try:
         yield _GLOBAL_ACCESSOR
     finally:
+        if _GLOBAL_ACCESSOR.external_tensors is not None:
+            _GLOBAL_ACCESSOR.external_tensors.close()
         _GLOBAL_ACCESSOR = None
 
 

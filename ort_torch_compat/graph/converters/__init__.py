@@ -24,8 +24,10 @@ from . import (  # noqa: F401
     resize,
     sampling,
     sequences,
+    shape,
     signal,
     strings,
     tensor_ops,
+    unsqueeze,
     vision,
 )
