@@ -423,6 +423,29 @@ def _clip_artifacts(directory, max_norm: float, optimizer: str):
     return training
 
 
+def _assert_same_training(directory, suffix: str, x, target, ort_api, our_api, evaluate: bool) -> None:
+    """Three train steps (and an eval step with `evaluate`) on the artifacts in `directory`
+    (training/eval models with `suffix`) through ORT's api and ours: the same losses and parameters."""
+    results = []
+    for api in (ort_api, our_api):
+        state = api.CheckpointState.load_checkpoint(str(directory / "checkpoint"))
+        module = api.Module(str(directory / f"training_model.{suffix}"), state, str(directory / f"eval_model.{suffix}"))
+        opt = api.Optimizer(str(directory / "optimizer_model.onnx"), module)
+        module.train()
+        losses = []
+        for _ in range(3):
+            losses.append(float(module(x, target)))
+            opt.step()
+            module.lazy_reset_grad()
+        if evaluate:
+            module.eval()
+            losses.append(float(module(x, target)))
+        results.append((np.array(losses), module.get_contiguous_parameters().numpy().copy()))
+    (ort_losses, ort_params), (our_losses, our_params) = results
+    np.testing.assert_allclose(our_losses, ort_losses, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(our_params, ort_params, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 @pytest.mark.parametrize("max_norm", [0.05, 1e3])
 def test_clip_grad_norm_optimizer_matches_onnxruntime(tmp_path, optimizer, max_norm):
@@ -433,21 +456,7 @@ def test_clip_grad_norm_optimizer_matches_onnxruntime(tmp_path, optimizer, max_n
     import ort_torch_compat.api as our_api
     x = (RNG.standard_normal((2, 4)) * 3).astype(np.float32)
     target = RNG.standard_normal((2, 3)).astype(np.float32)
-    results = []
-    for api in (ort_api, our_api):
-        state = api.CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
-        module = api.Module(str(tmp_path / "training_model.onnx"), state, str(tmp_path / "eval_model.onnx"))
-        opt = api.Optimizer(str(tmp_path / "optimizer_model.onnx"), module)
-        module.train()
-        losses = []
-        for _ in range(3):
-            losses.append(float(module(x, target)))
-            opt.step()
-            module.lazy_reset_grad()
-        results.append((np.array(losses), module.get_contiguous_parameters().numpy().copy()))
-    (ort_losses, ort_params), (our_losses, our_params) = results
-    np.testing.assert_allclose(our_losses, ort_losses, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(our_params, ort_params, rtol=1e-5, atol=1e-6)
+    _assert_same_training(tmp_path, "onnx", x, target, ort_api, our_api, evaluate=False)
 
 
 def test_optimizer_model_with_an_unknown_node_is_refused():
@@ -515,23 +524,7 @@ def test_ort_format_artifacts_with_session_fusions_match_onnxruntime(tmp_path):
     rng = np.random.default_rng(6)
     x = rng.standard_normal((2, 1, 4, 4)).astype(np.float32)
     target = rng.standard_normal((2, 5)).astype(np.float32)
-    results = []
-    for api in (ort_api, our_api):
-        state = api.CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
-        module = api.Module(str(tmp_path / "training_model.ort"), state, str(tmp_path / "eval_model.ort"))
-        opt = api.Optimizer(str(tmp_path / "optimizer_model.onnx"), module)
-        module.train()
-        losses = []
-        for _ in range(3):
-            losses.append(float(module(x, target)))
-            opt.step()
-            module.lazy_reset_grad()
-        module.eval()
-        losses.append(float(module(x, target)))
-        results.append((np.array(losses), module.get_contiguous_parameters().numpy().copy()))
-    (ort_losses, ort_params), (our_losses, our_params) = results
-    np.testing.assert_allclose(our_losses, ort_losses, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(our_params, ort_params, rtol=1e-5, atol=1e-6)
+    _assert_same_training(tmp_path, "ort", x, target, ort_api, our_api, evaluate=True)
 
 
 def test_training_model_with_ops_ort_has_no_cpu_kernel_for(tmp_path):
