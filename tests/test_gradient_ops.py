@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ort_torch_compat import artifacts, onnxblock
-from ort_torch_compat.artifacts.gradient import supported_ops
+from ort_torch_compat.artifacts import supported_ops
 
 F = TensorProto.FLOAT
 MS = "com.microsoft"

@@ -17,8 +17,8 @@ import onnx
 
 from .. import onnxblock
 from ..atomic_files import atomic_write
+from ..errors import ArtifactGenerationError
 from ..onnxblock.checkpoint_utils import save_checkpoint
-from .errors import ArtifactGenerationError
 
 logger = logging.getLogger(__name__)
 

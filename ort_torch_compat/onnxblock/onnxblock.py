@@ -9,6 +9,7 @@ import onnx
 from . import _graph_utils
 from . import blocks
 from . import model_accessor as accessor
+from . import training_model
 
 
 class ForwardBlock(blocks.Block):
@@ -41,7 +42,7 @@ class TrainingBlock(blocks.Block):
 
     Backpropagation starts at the first name ``build`` returns.  Parameters become graph
     inputs, the gradient graph is built by this library's gradient builder
-    (``ort_torch_compat.artifacts.gradient``), and each gradient gets ORT's
+    (``ort_torch_compat.gradient``), and each gradient gets ORT's
     ``InPlaceAccumulatorV2`` node.
     """
 
@@ -79,9 +80,6 @@ class TrainingBlock(blocks.Block):
         return self._training_model, self._eval_model
 
     def __call__(self, *args, **kwargs):
-        # Imported here: ort_torch_compat.artifacts imports this package.
-        from ..artifacts import training_model
-
         self.base = accessor.current().model
         output = self.build(*args, **kwargs)
         model = self.infer_shapes_on_base()

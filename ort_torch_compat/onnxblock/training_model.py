@@ -19,8 +19,8 @@ from typing import Iterable, List, Sequence, Set, Tuple, Union
 
 import onnx
 
-from .gradient import add_gradient_graph
-from .gradient.graph_index import onnx_opset
+from ..gradient import add_gradient_graph
+from ..gradient.graph_index import onnx_opset
 
 MAX_ORT_IR_VERSION = 10
 LAZY_RESET_GRAD = "lazy_reset_grad"
