@@ -1,12 +1,20 @@
-"""What ORT's training model feeds and returns, classified the way ORT's Module does."""
+"""What ORT's training model feeds and returns, classified the way ORT's Module does.
+
+The first two steps of the engine's set-up live here: `read_training_graph` /
+`read_eval_graph` load a model and classify its inputs and outputs (`GraphIO`), and
+`classify_feeds` says how a step feeds the graph (declared parameter shapes, string inputs
+cast on the host, the shared batch dims).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from ..errors import ModelLoadError, ModelMismatchError
-from .io_spec import ValueSpec, value_spec
+from .io_spec import BatchCheck, ValueSpec, names, value_spec
+from .model_io import ModelSource, describe, load_model
 from .state import TrainingState
+from .string_inputs import StringCasts
 
 if TYPE_CHECKING:
     import onnx
@@ -107,3 +115,55 @@ def check_parameter_types(io: GraphIO, state: TrainingState, name: str) -> Dict[
                         f"{['?' if d is None else d for d in spec.shape]}"
                     )
     return shapes
+
+
+@dataclass
+class ModelGraph:
+    """One model as the engine reads it: the ONNX graph, its classified I/O and the label
+    that errors name it by ("training model 'path'")."""
+
+    proto: "onnx.ModelProto"
+    io: GraphIO
+    label: str
+
+
+@dataclass
+class GraphFeeds:
+    """How a step feeds one graph: `strings.model` is the graph the module is built from
+    (without the Casts of string inputs, which run on the host), `shapes` the parameter
+    shapes the graph declares, `batch` the symbolic dims its user inputs share."""
+
+    graph: ModelGraph
+    shapes: Dict[str, tuple]
+    strings: StringCasts
+    batch: BatchCheck
+
+
+def read_training_graph(source: ModelSource, state: TrainingState) -> ModelGraph:
+    """Load the training model and classify its I/O; reject models that are not ORT
+    training models or do not match `state`."""
+    label = f"training model {describe(source, 'training model')}"
+    proto = load_model(source, "training model")
+    return ModelGraph(proto, training_io(proto, state, label), label)
+
+
+def read_eval_graph(source: Optional[ModelSource], state: TrainingState, training: GraphIO) -> Optional[ModelGraph]:
+    """Load the eval model (None without one) and classify its I/O; it must feed on the
+    training model's user inputs (`check_eval_matches`)."""
+    if source is None:
+        return None
+    label = f"eval model {describe(source, 'eval model')}"
+    proto = load_model(source, "eval model")
+    io = eval_io(proto, state)
+    check_eval_matches(io, training, label)
+    return ModelGraph(proto, io, label)
+
+
+def classify_feeds(graph: Optional[ModelGraph], state: TrainingState) -> Optional[GraphFeeds]:
+    """`graph`'s feeds (None for no graph), after checking its parameters' declared dtypes
+    and shapes against `state` and its string inputs against the Casts that read them."""
+    if graph is None:
+        return None
+    shapes = check_parameter_types(graph.io, state, graph.label)
+    strings = StringCasts(graph.proto, graph.io.user_inputs, graph.label)
+    return GraphFeeds(graph, shapes, strings, BatchCheck(graph.proto, names(graph.io.user_inputs)))

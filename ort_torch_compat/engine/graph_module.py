@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 import torch
 
 from ..errors import ModelMismatchError
-from .graph_io import GraphIO
+from .compiled import TrainStepRunner
+from .graph_io import GraphFeeds, GraphIO
 from .io_spec import names
 from .model_io import opset_map
 from .state import TrainingState
@@ -123,3 +124,34 @@ def io_for_outputs(model: "onnx.ModelProto", io: GraphIO, outputs: Sequence[str]
     used = {name for node in ancestor_nodes(graph, outputs) for name in node.input} | set(outputs)
     return GraphIO([spec for spec in io.user_inputs if spec.name in used],
                    [spec for spec in io.param_inputs if spec.name in used], list(outputs))
+
+
+@dataclass
+class StepModules:
+    """The training engine's modules: the train module with the runner that steps it
+    (eager through its direct-call copy, or compiled), the eval module (None without an eval
+    model) with its direct-call copy."""
+
+    train: torch.nn.Module
+    train_runner: TrainStepRunner
+    eval: Optional[torch.nn.Module]
+    eval_direct: Optional[torch.nn.Module]
+
+
+def build_step_modules(train: GraphFeeds, evaluation: Optional[GraphFeeds], state: TrainingState, gradients: str,
+                       device: torch.device, session_options: object) -> StepModules:
+    """Convert the train graph (training mode; its frozen parameters are the buffers a
+    BatchNorm may update) and the eval graph (eval mode) into modules on `device`."""
+    train_io, train_label = train.graph.io, train.graph.label
+    recipe = ModuleRecipe(train.strings.model, train_io, train_label, train.strings.fed_names, gradients,
+                          training=True, buffers=tuple(frozen_parameters(train_io, state)))
+    train_module = recipe.build().to(device)
+    # Eager steps run the direct-call graph; the runner keys, traces and compiles the module.
+    runner = TrainStepRunner(train_module, recipe, device, session_options, eager=direct_calls(train_module))
+    if evaluation is None:
+        return StepModules(train_module, runner, None, None)
+    eval_io = evaluation.graph.io
+    eval_module = build_module(evaluation.strings.model, eval_io, evaluation.graph.label,
+                               evaluation.strings.fed_names, gradients,
+                               buffers=frozen_parameters(eval_io, state)).to(device).eval()
+    return StepModules(train_module, runner, eval_module, direct_calls(eval_module))

@@ -126,3 +126,15 @@ class ParameterStore:
                     raise InvalidInputError(f"Tensor type mismatch: parameter '{name}' is not float32")
                 tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
                 offset += tensor.numel()
+
+
+def bind_parameters(state: TrainingState, train_order: Sequence[str], eval_order: Sequence[str],
+                    shapes: Dict[str, Tuple[int, ...]], device: torch.device
+                    ) -> Tuple[ParameterStore, List[torch.Tensor], List[torch.Tensor]]:
+    """The store of `state`'s parameters on `device` (trainable ones flat, in `train_order`),
+    then the tensors the train and the eval module are fed, in their graphs' parameter order.
+
+    `shapes`: the training graph's declared shapes, which give a nominal parameter its size."""
+    store = ParameterStore(state, train_order, shapes, device)
+    return (store, [state.parameters[n].tensor for n in train_order],
+            [state.parameters[n].tensor for n in eval_order])

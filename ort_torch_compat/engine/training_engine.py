@@ -13,20 +13,19 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..errors import InvalidInputError, ModelLoadError, NominalStateError
-from .device import parse_device
-from .graph_module import ModuleRecipe, build_module, direct_calls, frozen_parameters
-from .compiled import TrainStepRunner
 from .compiled_step import Observer
+from .device import parse_device
+from .graph_io import GraphIO, ModelGraph, classify_feeds, read_eval_graph, read_training_graph
+from .graph_module import build_step_modules
 from .host_allocator import tune_host_allocator
 from .io_spec import BatchCheck, StepInput, check_inputs, names
-from .model_io import ModelSource, describe, load_model
-from .parameter_store import ParameterStore
+from .model_io import ModelSource
+from .parameter_store import bind_parameters
 from .precision import precision_of, with_precision
 from .state import TrainingState
 from .step_failure import raise_explained
 from .string_inputs import StringCasts
 from .threads import ThreadPolicy, thread_setting, threaded
-from .graph_io import GraphIO, check_eval_matches, check_parameter_types, eval_io, training_io
 
 if TYPE_CHECKING:
     import onnx
@@ -62,10 +61,8 @@ class TrainingEngine:
         session_options: object = None,
         use_tf32: Optional[bool] = None,
     ):
-        label = f"training model {describe(train_model, 'training model')}"
-        proto = load_model(train_model, "training model")
-        self._setup(state, proto, training_io(proto, state, label), label, eval_model, device, gradients,
-                    session_options, use_tf32)
+        self._setup(state, read_training_graph(train_model, state), eval_model, device, gradients, session_options,
+                    use_tf32)
 
     @classmethod
     def over_graph(cls, state: TrainingState, model: onnx.ModelProto, io: GraphIO, label: str,
@@ -75,12 +72,36 @@ class TrainingEngine:
         loss), with no eval model: the entry point for models that are not ORT training
         artifacts, such as the legacy session's loss-in-graph model (see `loss_model.py`)."""
         engine = cls.__new__(cls)
-        engine._setup(state, model, io, label, None, device, gradients, session_options, use_tf32)
+        engine._setup(state, ModelGraph(model, io, label), None, device, gradients, session_options, use_tf32)
         return engine
 
-    def _setup(self, state: TrainingState, train_proto: onnx.ModelProto, train_io: GraphIO, train_label: str,
-               eval_model: Optional[ModelSource], device: str, gradients: str, session_options: object,
-               use_tf32: Optional[bool] = None) -> None:
+    def _setup(self, state: TrainingState, train: ModelGraph, eval_model: Optional[ModelSource], device: str,
+               gradients: str, session_options: object, use_tf32: Optional[bool] = None) -> None:
+        """The set-up after the training graph is read: the settings, then one pass of the
+        pipeline read graph -> classify feeds -> build modules -> bind parameters."""
+        self._configure(state, device, gradients, session_options, use_tf32)
+        evaluation = read_eval_graph(eval_model, state, train.io)
+        train_feeds, eval_feeds = classify_feeds(train, state), classify_feeds(evaluation, state)
+        modules = build_step_modules(train_feeds, eval_feeds, state, gradients, self.device, session_options)
+        self.store, self._train_params, self._eval_params = bind_parameters(
+            state, train.io.param_names(), evaluation.io.param_names() if evaluation else [], train_feeds.shapes,
+            self.device)
+
+        self.train_label, self.train_io = train.label, train.io
+        self.train_strings, self._train_batch = train_feeds.strings, train_feeds.batch
+        self.train_module, self.train_runner = modules.train, modules.train_runner
+        self.eval_source = eval_model
+        self.eval_io: Optional[GraphIO] = evaluation.io if evaluation else None
+        self.eval_strings: Optional[StringCasts] = eval_feeds.strings if eval_feeds else None
+        self._eval_batch: Optional[BatchCheck] = eval_feeds.batch if eval_feeds else None
+        self.eval_module: Optional[torch.nn.Module] = modules.eval
+        self._eval_direct: Optional[torch.nn.Module] = modules.eval_direct
+        self._accumulate = False
+        self._checked: Dict[str, tuple] = {}  # step -> signature of the last inputs that passed the checks
+
+    def _configure(self, state: TrainingState, device: str, gradients: str, session_options: object,
+                   use_tf32: Optional[bool]) -> None:
+        """The engine's settings: gradient mode, device, thread policy and (CUDA) precision."""
         from ..graph import GRADIENT_MODES  # onnx2torch and the converters: with the first model
 
         if gradients not in GRADIENT_MODES:
@@ -95,42 +116,6 @@ class TrainingEngine:
             self.train_step = with_precision(self.train_step, self.tf32)
             self.eval_step = with_precision(self.eval_step, self.tf32)
         tune_host_allocator()
-        self.train_label = train_label
-        self.train_io = train_io
-        self._train_batch = BatchCheck(train_proto, names(self.train_io.user_inputs))
-        shapes = check_parameter_types(self.train_io, state, self.train_label)
-        self.train_strings = StringCasts(train_proto, self.train_io.user_inputs, self.train_label)
-        train_recipe = ModuleRecipe(self.train_strings.model, self.train_io, self.train_label,
-                                    self.train_strings.fed_names, gradients, training=True,
-                                    buffers=tuple(frozen_parameters(self.train_io, state)))
-        self.train_module = train_recipe.build().to(self.device)
-        # Eager steps run the direct-call graph; the runner keys, traces and compiles the module.
-        self.train_runner = TrainStepRunner(self.train_module, train_recipe, self.device, session_options,
-                                            eager=direct_calls(self.train_module))
-
-        self.eval_source = eval_model
-        self.eval_io: Optional[GraphIO] = None
-        self.eval_module: Optional[torch.nn.Module] = None
-        self._eval_direct: Optional[torch.nn.Module] = None
-        self.eval_strings: Optional[StringCasts] = None
-        if eval_model is not None:
-            eval_label = f"eval model {describe(eval_model, 'eval model')}"
-            eval_proto = load_model(eval_model, "eval model")
-            self.eval_io = eval_io(eval_proto, state)
-            self._eval_batch = BatchCheck(eval_proto, names(self.eval_io.user_inputs))
-            check_eval_matches(self.eval_io, self.train_io, eval_label)
-            check_parameter_types(self.eval_io, state, eval_label)
-            self.eval_strings = StringCasts(eval_proto, self.eval_io.user_inputs, eval_label)
-            self.eval_module = build_module(self.eval_strings.model, self.eval_io, eval_label,
-                                            self.eval_strings.fed_names, gradients,
-                                            buffers=frozen_parameters(self.eval_io, state)).to(self.device).eval()
-            self._eval_direct = direct_calls(self.eval_module)
-
-        self.store = ParameterStore(state, self.train_io.param_names(), shapes, self.device)
-        self._train_params = [state.parameters[n].tensor for n in self.train_io.param_names()]
-        self._eval_params = [state.parameters[n].tensor for n in (self.eval_io.param_names() if self.eval_io else [])]
-        self._accumulate = False
-        self._checked: Dict[str, tuple] = {}  # step -> signature of the last inputs that passed the checks
 
     # ---- steps -----------------------------------------------------------------------
     def _feeds(self, inputs: Sequence[StepInput], io: GraphIO, batch: BatchCheck, strings: StringCasts,
