@@ -11,7 +11,7 @@ architectures at the size of their test suite (batch 2-4, sequence 8, images 64;
 hand-made models at batch 4).
 
 Models: `mlp`, `cnn`, `transformer` (hand-made, below) and the real architectures of
-scripts/real_arch_models.py at their "bench" size (`mobilenet_v2` with a frozen backbone,
+ort_torch_compat/testing/real_arch_models.py at their "bench" size (`mobilenet_v2` with a frozen backbone,
 `resnet18`, `bert`, `gpt2`, `vit`, `lstm`, `lora`, ...), all CrossEntropy + AdamW
 artifacts made by generate_artifacts (opset 17).  One training step is
 `module(x, y); optimizer.step(); module.lazy_reset_grad()` (eager: forward, loss,
@@ -50,8 +50,9 @@ import subprocess
 import sys
 import time
 
+from ort_torch_compat.testing.benchmark_report import conditions, fresh_table, table
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
 BACKENDS = ("ort", "ours", "eager")
 HAND_MADE = ("mlp", "cnn", "transformer")
 ZOO_DEFAULT = ("mobilenet_v2", "resnet18", "bert", "gpt2", "vit", "lstm", "lora")
@@ -110,7 +111,7 @@ class Workload:
             self.model, self.inputs, self.classes = _hand_made(name, size)
             self.frozen = lambda param: False
         else:
-            import real_arch_models as zoo
+            from ort_torch_compat.testing import real_arch_models as zoo
 
             built = zoo.RECIPES[name].build(_RECIPE_SIZE[size])
             if built.loss != "ce":
@@ -123,7 +124,7 @@ class Workload:
         if self.name in HAND_MADE:
             _hand_made_artifacts(self, directory)
         else:
-            import real_arch_artifacts
+            from ort_torch_compat.testing import real_arch_artifacts
 
             real_arch_artifacts.make_artifacts(self.name, directory, real_arch_artifacts.Variant(opset=17),
                                                size=_RECIPE_SIZE[self.size])
@@ -143,7 +144,7 @@ def _hand_made_artifacts(work: Workload, directory: pathlib.Path) -> None:
     import onnx
     import torch
     from onnxruntime.training import artifacts
-    from prepare_for_artifacts import prepare_eval_model, prepare_model
+    from ort_torch_compat.testing.prepare_for_artifacts import prepare_eval_model, prepare_model
 
     training = torch.onnx.TrainingMode.TRAINING if work.name == "cnn" else torch.onnx.TrainingMode.EVAL
     directory.mkdir(parents=True, exist_ok=True)
@@ -343,67 +344,6 @@ def summarize(results: dict) -> dict:
     return summary
 
 
-def table(report: dict, markdown: bool = False) -> str:
-    """The result table (plain text for the console, markdown for README)."""
-    columns = ["load", "model", "backend", "step ms", "cpu ms", "vs ort", "vs eager", "setup s", "first step ms",
-               "compile s", "import s", "peak RSS MB"]
-    rows = []
-    for load, models in report["summary"].items():
-        for name, backends in models.items():
-            for backend, row in backends.items():
-                if "error" in row:
-                    rows.append([load, name, backend, "error: " + row["error"][:80]] + [""] * (len(columns) - 4))
-                    continue
-                ratios = []
-                for ref in ("ort", "eager"):
-                    ref_row = backends.get(ref, {})
-                    ratios.append(f"{row['step_ms'] / ref_row['step_ms']:.2f}" if "step_ms" in ref_row else "-")
-                compile_s = report.get("compile", {}).get(name, {}).get("compile_s")
-                label = backend + ("" if backend != "ours" or row.get("compiled", True) else " (eager)")
-                rows.append([load, name, label, f"{row['step_ms']:.2f}", f"{row['cpu_ms']:.2f}", ratios[0], ratios[1],
-                             f"{row['setup_s']:.2f}", f"{row['first_ms']:.0f}",
-                             f"{compile_s:.0f}" if backend == "ours" and compile_s else "",
-                             f"{row['import_s']:.2f}", f"{row['peak_rss_mb']:.0f}"])
-    return _render(columns, rows, markdown)
-
-
-def _render(columns: list, rows: list, markdown: bool) -> str:
-    """A markdown table, or right-aligned plain columns for the console."""
-    if markdown:
-        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
-    widths = [max(len(str(c)) for c in [col] + [r[i] for r in rows]) for i, col in enumerate(columns)]
-    lines = ["  ".join(str(c).rjust(w) for c, w in zip(columns, widths))]
-    return "\n".join(lines + ["  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in rows])
-
-
-def fresh_table(report: dict, markdown: bool = False) -> str:
-    """The first-seconds axis: steps in the first S seconds of a fresh process, cold cache."""
-    columns = ["load", "model", "backend", f"steps in {report['fresh_seconds']:.0f} s", "vs ort", "ready s",
-               "median step ms", "longest step ms", "compiled from step"]
-    rows = []
-    for load, models in report["fresh_summary"].items():
-        for name, backends in models.items():
-            for backend, row in backends.items():
-                if "error" in row:
-                    rows.append([load, name, backend, "error: " + row["error"][:80]] + [""] * (len(columns) - 4))
-                    continue
-                ort = backends.get("ort", {})
-                rows.append([load, name, backend, f"{row['steps']:.0f}",
-                             f"{row['steps'] / ort['steps']:.2f}" if ort.get("steps") else "-",
-                             f"{row['ready_s']:.1f}", f"{row['median_ms']:.2f}", f"{row['max_ms']:.1f}",
-                             f"{row['switch_step']:.0f}" if row.get("switch_step") else "-"])
-    return _render(columns, rows, markdown)
-
-
-def conditions(report: dict) -> str:
-    machine = report["machine"]
-    return (f"{machine['cpus']} CPUs ({machine['processor'] or machine['platform']}), torch {machine['torch']}, "
-            f"threads {machine['threads'] or 'default'}, device {machine['device']}; {report['rounds']} interleaved "
-            f"rounds of {report['steps']} steps after {report['warmup']} warm-up steps, medians; load = number of "
-            "busy background processes")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(HAND_MADE + ZOO_DEFAULT),
@@ -439,7 +379,7 @@ def main() -> None:
             print(fresh_table(report))
         return
     if args.models == ["all"]:
-        import real_arch_models as zoo
+        from ort_torch_compat.testing import real_arch_models as zoo
 
         args.models = list(HAND_MADE) + [name for name, recipe in zoo.RECIPES.items() if recipe.ort_trains]
     import numpy as np

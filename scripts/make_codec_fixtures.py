@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -25,14 +24,11 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import onnxruntime
+from onnxruntime.training import artifacts, onnxblock
+from onnxruntime.training.api import CheckpointState, LinearLRScheduler, Module, Optimizer
 
-import onnxruntime  # noqa: E402
-from onnxruntime.training import artifacts, onnxblock  # noqa: E402
-from onnxruntime.training.api import CheckpointState, LinearLRScheduler, Module, Optimizer  # noqa: E402
-
-from ort_torch_compat.codec import (  # noqa: E402
+from ort_torch_compat.codec import (
     CheckpointRecord,
     ModuleStateRecord,
     encode_checkpoint,
@@ -43,6 +39,7 @@ from ort_torch_compat.codec import (  # noqa: E402
 
 onnxruntime.set_default_logger_severity(3)
 
+REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "tests" / "fixtures" / "codec"
 
 ONNX_NAME = {

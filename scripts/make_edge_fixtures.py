@@ -7,7 +7,7 @@ Writes tests/fixtures/edges/:
 - string_inputs/: artifacts (generate_artifacts, CrossEntropy + AdamW) of a one-layer
   classifier whose features and labels are *string* graph inputs turned into numbers by
   Cast nodes, as text pipelines feed them;
-- expected.json: what ORT does in each scenario of tests/edge_cases.py (the messages of
+- expected.json: what ORT does in each scenario of ort_torch_compat/testing/edge_cases.py (the messages of
   nominal-state misuse, export and device errors, the class returned for OrtValue inputs,
   a label out of range, training on string inputs, its Cast from string value by value,
   AdamW steps with lr * weight_decay >= 1, the OrtValue kinds of parameter buffers, and
@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -29,14 +28,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import onnxruntime
+from onnxruntime.training import api as ort_api
+from onnxruntime.training import artifacts
 
-import onnxruntime  # noqa: E402
-from onnxruntime.training import api as ort_api  # noqa: E402
-from onnxruntime.training import artifacts  # noqa: E402
-
-from tests import edge_cases as cases  # noqa: E402
+from ort_torch_compat.testing import edge_cases as cases
 
 MAX_IR_VERSION = 10  # ORT 1.19 refuses the IR versions onnx >= 1.17 writes
 
@@ -70,7 +66,7 @@ def make_string_artifacts(out: Path) -> None:
 
 
 def cast_table() -> dict:
-    """ORT's Cast from string for every text and numeric target in tests/edge_cases.py."""
+    """ORT's Cast from string for every text and numeric target in ort_torch_compat/testing/edge_cases.py."""
     table = {}
     for family, targets in cases.CAST_TARGETS.items():
         for target in targets:

@@ -17,7 +17,7 @@ of `ort_torch_compat/optim/`.  docs/legacy.md lists the files, commits and lines
   N gradients (InPlaceAccumulator), multiplies them by 1/N (AddGradientScalingNodes) and
   takes one global L2 norm over all of them (ReduceAllL2) when `enable_grad_norm_clip`.
 
-For each scenario of `tests/legacy_optimizer_scenarios.py` the script writes the state
+For each scenario of `ort_torch_compat/testing/legacy_optimizer_scenarios.py` the script writes the state
 after every update to `tests/fixtures/legacy_optimizers/trajectories.npz`.  When
 onnxruntime-training is installed it first runs ORT's own CPU SGD and Adam kernels on the
 same scenario and refuses to write unless the transcription matches them (to float32 rounding:
@@ -32,15 +32,14 @@ import argparse
 import json
 import math
 import pathlib
-import sys
 from typing import Any, Dict, Optional
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from ort_torch_compat.testing.legacy_optimizer_scenarios import (
+    SCENARIOS, WEIGHTS, attributes, calls, initial_weights, run_ort_cpu_kernels)
 
-from tests.legacy_optimizer_scenarios import SCENARIOS, WEIGHTS, attributes, calls, initial_weights, run_ort_cpu_kernels  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 f32 = np.float32
 # ORT's CPU build takes Eigen's vectorised sqrt, which is not always correctly rounded (measured: 1 ulp

@@ -6,8 +6,8 @@
 
 What is covered is enumerated, not chosen: every ai.onnx schema version up to opset 21 that
 onnx.defs knows (ORT's own ai.onnx schemas below opset 17 and its com.microsoft ops come from
-scripts/op_coverage_cases.py's CONTRIB_CASES), one small model per (op, schema version,
-attribute variant) from scripts/op_coverage_cases.py.  For each case:
+ort_torch_compat/testing/op_coverage_cases.py's CONTRIB_CASES), one small model per (op, schema version,
+attribute variant) from ort_torch_compat/testing/op_coverage_cases.py.  For each case:
 
 1. forward: ``onnxruntime.InferenceSession`` (CPU, graph optimizations off) runs the one-op
    model.  "Could not find an implementation" means ORT 1.19.2 does not run that version; any
@@ -20,7 +20,7 @@ attribute variant) from scripts/op_coverage_cases.py.  For each case:
    cannot differentiate some inputs, each input is tried alone and the ones it can train are
    kept.  One ``onnxruntime.training.api.Module`` train step gives the loss and the gradients.
    The forward+loss part of the training model is stored, cut the way the engine cuts it.
-3. replay: tests/op_replay.py runs every case through ort_torch_compat's converters; the
+3. replay: ort_torch_compat/testing/op_replay.py runs every case through ort_torch_compat's converters; the
    results are the forward/gradient columns of docs/op-coverage.md.
 
 Model opset: a schema version valid over opsets [v, next) is tested at the first opset >= 9 in
@@ -34,7 +34,6 @@ import contextlib
 import copy
 import json
 import os
-import pathlib
 import pickle
 import re
 import sys
@@ -47,13 +46,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, defs, helper, numpy_helper
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
-
-from op_coverage_cases import CONTRIB_CASES, MS, Case, cases  # noqa: E402
-
-from tests import op_replay  # noqa: E402
+from ort_torch_compat.testing import REPO, op_replay
+from ort_torch_compat.testing.op_coverage_cases import CONTRIB_CASES, MS, Case, cases
 
 FIXTURES = REPO / "tests" / "fixtures" / "ops"
 DOC = REPO / "docs" / "op-coverage.md"
@@ -618,7 +612,7 @@ Every ai.onnx operator schema up to opset 21 (`onnx.defs`), at every schema vers
 ORT-schema ops its training transformers and optimizers write into training, eval and
 inference graphs (ORT's own LayerNormalization below opset 17 and SimplifiedLayerNormalization
 in the ai.onnx domain; the com.microsoft fusions).  One small model per (op, schema version,
-attribute variant), from `scripts/op_coverage_cases.py`; a version valid over opsets
+attribute variant), from `ort_torch_compat/testing/op_coverage_cases.py`; a version valid over opsets
 [v, next) is tested at the first opset >= 9 of that range (>= 8 otherwise, else v).
 
 ONNX Runtime 1.19.2 recorded each case (`tests/fixtures/ops/`): the forward with
@@ -629,7 +623,7 @@ where its onnx.checker step rejects ORT's own schemas), and one `onnxruntime.tra
 train step gives the loss and the gradients.  `tests/test_op_coverage.py` replays every case
 through this library (the engine's graph cut and converters); **the forward and gradient
 columns below are those test results**, written by the same replay code
-(`tests/op_replay.py`).
+(`ort_torch_compat/testing/op_replay.py`).
 
 Values compare to float32 rounding, `|ours - ort| <= rtol*|ort| + atol*max(1, max|ort|)` with
 rtol 1e-4 and atol 1e-5; integers, booleans and strings exactly; shapes and dtypes always

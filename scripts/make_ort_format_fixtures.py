@@ -52,7 +52,6 @@ def convert(folder: pathlib.Path) -> None:
 
 
 def records(path: pathlib.Path) -> dict:
-    sys.path.insert(0, str(ROOT))
     from ort_torch_compat.ortformat import runtime_optimization_summary
 
     return runtime_optimization_summary(path.read_bytes())

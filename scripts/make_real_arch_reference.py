@@ -1,5 +1,5 @@
 """Record the real-architecture fixtures: ORT-generated artifacts of the zoo
-(scripts/real_arch_models.py), replayed through tests/scenario.py with onnxruntime-training
+(ort_torch_compat/testing/real_arch_models.py), replayed through ort_torch_compat/testing/scenario.py with onnxruntime-training
 1.19.2, with a float64 replay of the same artifacts, and (where ORT cannot train) a float64
 eager-torch replay of the same torch model.
 
@@ -9,14 +9,14 @@ Per case, ``tests/fixtures/real_arch/<case>/`` gets:
   artifacts as generate_artifacts wrote them (IR version lowered to 10, eval-model
   BatchNorm outputs pruned: see scripts/prepare_for_artifacts.py), gzip-compressed;
 - ``nominal_checkpoint``: names, shapes and dtypes only (no weights); the scenario fills the
-  parameters with ``tests/scenario.fill_values`` (a fixed integer-hash rule) through
+  parameters with ``ort_torch_compat.testing.scenario.fill_values`` (a fixed integer-hash rule) through
   ``copy_buffer_to_parameters(buffer, trainable_only=False)``, on every backend;
 - ``spec.json``: the scenario spec (inputs, parameters, fill rule, lr, steps), the variant,
   which anchor the case is compared with, and whether it is well conditioned;
-- ``expected.npz``: condensed records (tests/parity_rule.py; ``pack``ed, the part
+- ``expected.npz``: condensed records (ort_torch_compat/testing/parity_rule.py; ``pack``ed, the part
   ``for_fixture`` keeps) of the ``anchor`` (ORT, or the eager replay where ORT cannot
   train), of ``f64`` (our engine on a float64 copy of the artifacts,
-  tests/float64_replay.py), for cases that are not well conditioned of ``perturbed1..3``
+  ort_torch_compat/testing/float64_replay.py), for cases that are not well conditioned of ``perturbed1..3``
   (the float64 replay from initial parameters moved by 16 float32 ulps: how far rounding
   alone carries a trajectory), and where ORT's step 1 is itself off the float64 replay,
   ``eager_step1`` (the eager replay's step 1, a second independent step-1 reference).
@@ -56,13 +56,9 @@ import traceback
 import zlib
 from typing import Any, Dict, List, Optional
 
-HERE = pathlib.Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(REPO))
-
-import real_arch_artifacts as arts  # noqa: E402
-import real_arch_models as zoo  # noqa: E402
+from ort_torch_compat.testing import REPO
+from ort_torch_compat.testing import real_arch_artifacts as arts
+from ort_torch_compat.testing import real_arch_models as zoo
 
 DEFAULT_OUT = REPO / "tests" / "fixtures" / "real_arch"
 LR = {"adamw": 1e-3, "sgd": 1e-2}
@@ -247,7 +243,7 @@ def ort_quirk(directory: pathlib.Path, spec: Dict[str, Any]) -> Dict[str, Any]:
     import numpy as np
     from onnxruntime.training import api
 
-    import tests.scenario as scenario
+    from ort_torch_compat.testing import scenario
 
     state = api.CheckpointState.load_checkpoint(str(directory / "nominal_checkpoint"))
     module = api.Module(str(directory / "training_model.onnx"), state, str(directory / "eval_model.onnx"))
@@ -272,7 +268,7 @@ def eager_replay(case: Case, spec: Dict[str, Any], directory: pathlib.Path, out)
     import torch
     import torch.nn.functional as F
 
-    import tests.scenario as scenario
+    from ort_torch_compat.testing import scenario
     from ort_torch_compat.optim import adamw_step, sgd_step
 
     built = zoo.RECIPES[case.recipe].build("test")
@@ -377,13 +373,13 @@ def run_case(case: Case, out_root: pathlib.Path) -> Dict[str, Any]:
 
     torch.set_num_threads(1)  # as tests/test_real_architectures.py runs: the same float32 rounding
     onnxruntime.set_default_logger_severity(3)
-    from make_reference import save_npz
     from onnxruntime.training import api as ort_api
 
     import ort_torch_compat.api as ours
-    import tests.parity_rule as rule
-    import tests.scenario as scenario
-    from tests.float64_replay import FLOAT64_API
+    from ort_torch_compat.testing import parity_rule as rule
+    from ort_torch_compat.testing import scenario
+    from ort_torch_compat.testing.float64_replay import FLOAT64_API
+    from ort_torch_compat.testing.reference_models import save_npz
 
     result: Dict[str, Any] = {"case": case.name, "recipe": case.recipe, **dataclasses.asdict(case.variant)}
     stage = "generate_artifacts"

@@ -9,7 +9,7 @@ with opset 999 / IR version 99 / a duplicate graph output / initializer dims tha
 match their data, and step inputs ORT crashes on or misreads (0-row batch, big-endian and
 object arrays, mismatched batch sizes).  Cases that may crash ORT run in a child process
 each; a crash is recorded as ``{"crash": "SIGFPE"}``.  The scenarios live in
-tests/reliability_cases.py so tests/test_reliability.py runs the same code through this
+ort_torch_compat/testing/reliability_cases.py so tests/test_reliability.py runs the same code through this
 library (and live through ORT when it is importable).
 """
 from __future__ import annotations
@@ -21,17 +21,16 @@ import subprocess
 import sys
 import tempfile
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from ort_torch_compat.testing import REPO
+
 OUT = REPO / "tests" / "fixtures" / "reliability" / "ort_semantics.json"
 
 CHILD = """
 import json, sys, pathlib, tempfile
-sys.path.insert(0, {repo!r})
 import onnxruntime
 onnxruntime.set_default_logger_severity(4)
 import onnxruntime.training.api as api
-from tests import reliability_cases as cases
+from ort_torch_compat.testing import reliability_cases as cases
 kind, name, extra = sys.argv[1], sys.argv[2], sys.argv[3]
 if kind == "input":
     result = cases.train_on(api, name, extra == "train")
@@ -42,7 +41,7 @@ print(json.dumps(result))
 
 
 def in_child(*args: str) -> dict:
-    result = subprocess.run([sys.executable, "-c", CHILD.format(repo=str(REPO)), *args],
+    result = subprocess.run([sys.executable, "-c", CHILD, *args],
                             capture_output=True, text=True, timeout=300)
     if result.returncode < 0:
         return {"crash": signal.Signals(-result.returncode).name}
@@ -55,7 +54,7 @@ def main() -> None:
     import onnxruntime
     import onnxruntime.training.api as api
 
-    from tests import reliability_cases as cases
+    from ort_torch_compat.testing import reliability_cases as cases
 
     onnxruntime.set_default_logger_severity(4)
     out: dict = {"onnxruntime": onnxruntime.__version__}

@@ -3,7 +3,7 @@
     python scripts/make_resume_fixtures.py
 
 For a few fixture configs, onnxruntime-training 1.19.2 runs scenario steps 1-2 (the same
-inputs as tests/scenario.py), adds properties of all three types, and saves
+inputs as ort_torch_compat/testing/scenario.py), adds properties of all three types, and saves
 `ort_after_step2.ckpt` with its optimizer state next to the fixture.  The tests resume
 from it with ort_torch_compat and compare steps 3-5 with ORT's uninterrupted run.
 """
@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 CONFIGS = ["mlp_ce_adamw_op17", "cnn_mse_sgd_op17", "transformer_ce_adamw_op17"]
 PROPERTIES = {"epoch": 2, "best_loss": 0.25, "run": "ort-1.19.2"}
 
@@ -22,7 +20,7 @@ PROPERTIES = {"epoch": 2, "best_loss": 0.25, "run": "ort-1.19.2"}
 def main() -> None:
     from onnxruntime.training import api
 
-    from tests.lifecycle import train_steps
+    from ort_torch_compat.testing.lifecycle import train_steps
 
     for config in CONFIGS:
         directory = ROOT / "tests" / "fixtures" / config

@@ -34,7 +34,6 @@ from typing import Dict
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 PAGES = (README, ROOT / "docs" / "performance.md")
-sys.path.insert(0, str(ROOT / "scripts"))
 FIGURE = re.compile(r"<!-- fig:(?P<name>[a-z_]+) -->(?P<value>.*?)<!-- /fig -->", re.S)
 TODO = re.compile(r"^<!-- TODO\(lead\): the figures marked fig:NAME.*?-->\n\n?", re.M)
 QUICK = ("example_time", "suite_time")
@@ -89,10 +88,10 @@ def _verdict(report: dict) -> str:
 
 
 def benchmark_figures(report: dict) -> Dict[str, str]:
-    import benchmark
+    from ort_torch_compat.testing.benchmark_report import conditions, table
 
-    return {"benchmark_table": "\n" + benchmark.table(report, markdown=True) + "\n",
-            "benchmark_machine": benchmark.conditions(report), "benchmark_verdict": _verdict(report)}
+    return {"benchmark_table": "\n" + table(report, markdown=True) + "\n",
+            "benchmark_machine": conditions(report), "benchmark_verdict": _verdict(report)}
 
 
 def measure_benchmark() -> dict:

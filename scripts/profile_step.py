@@ -39,10 +39,8 @@ import tempfile
 import time
 
 os.environ.setdefault("ORT_TORCH_COMPAT_COMPILE", "off")
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
+import numpy as np  # noqa: E402  (after the environment default above)
 import torch  # noqa: E402
 
 
@@ -67,12 +65,12 @@ def _checkpoint(directory: pathlib.Path) -> pathlib.Path:
 
 
 def _inputs(directory: pathlib.Path, module) -> list:
-    """The test scenario's first batch where there is a spec.json (tests/scenario.py), else
+    """The test scenario's first batch where there is a spec.json (ort_torch_compat/testing/scenario.py), else
     inputs from the training model's declared shapes (symbolic dims: 2)."""
     rng = np.random.default_rng(0)
     spec_path = directory / "spec.json"
     if spec_path.exists():
-        from tests.scenario import make_batch
+        from ort_torch_compat.testing.scenario import make_batch
 
         batch = make_batch(json.loads(spec_path.read_text()), 1, 0)
         return [np.ascontiguousarray(batch[name]) for name in module.input_names()]
@@ -105,7 +103,7 @@ def _session(api, directory, threads_option):
     module = api.Module(str(directory / "training_model.onnx"), state, None, "cpu", threads_option)
     spec_path = directory / "spec.json"
     if spec_path.exists() and json.loads(spec_path.read_text()).get("fill"):  # nominal: fill as the tests do
-        from tests.scenario import _ortvalue, fill_values
+        from ort_torch_compat.testing.scenario import _ortvalue, fill_values
 
         filled = fill_values(json.loads(spec_path.read_text()))
         _KEEP.append(filled)  # ORT's C-level value does not own the array

@@ -1,7 +1,7 @@
 """The real-architecture table of docs/parity.md, from what scripts/make_real_arch_reference.py recorded
 (``tests/fixtures/real_arch/summary.json``) and, optionally, a scripts/benchmark.py JSON.
 
-Parity is the verdict of the rule in tests/parity_rule.py at recording time (the tests
+Parity is the verdict of the rule in ort_torch_compat/testing/parity_rule.py at recording time (the tests
 re-check it on every run).  Step times come only from a benchmark JSON (``--benchmark``), its
 idle-machine medians, on the row of the configuration the benchmark makes (opset 17, train
 export, frozen running stats, AdamW); cells stay "-" otherwise (timings taken during a test

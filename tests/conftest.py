@@ -4,13 +4,11 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import sys
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
-sys.path.insert(0, str(ROOT))  # tests.scenario is shared with scripts/make_reference.py
 # Train steps run eagerly unless the run asks otherwise: `ORT_TORCH_COMPAT_COMPILE=on python -m
 # pytest` runs every suite with compiled train steps (tests/test_compiled.py covers both).
 os.environ.setdefault("ORT_TORCH_COMPAT_COMPILE", "off")

@@ -23,9 +23,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from ort_torch_compat.codec import (  # noqa: E402
+from ort_torch_compat.codec import (
     CheckpointRecord,
     ModuleStateRecord,
     OptimizerGroupRecord,

@@ -263,10 +263,8 @@ def test_live_custom_loss_trains_like_ort_onnxblock(tmp_path, ort_api):
     from onnxruntime.training import artifacts as ort_artifacts
     from onnxruntime.training import onnxblock as ort_onnxblock
 
-    from tests.scenario import compare, run_scenario
-
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import prepare_for_artifacts
+    from ort_torch_compat.testing import prepare_for_artifacts
+    from ort_torch_compat.testing.scenario import compare, run_scenario
 
     ours_dir, ort_dir = tmp_path / "ours", tmp_path / "ort"
     ours_dir.mkdir()
@@ -299,11 +297,10 @@ def test_live_save_checkpoint_matches_ort_for_typed_fields(tmp_path, ort_api):
 
 def test_reference_summary_is_json(tmp_path):
     """describe_artifacts (used to compare with ORT's recorded artifacts) is plain JSON."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import generate_fixture_artifacts
+    from ort_torch_compat.testing.fixture_artifacts import describe_artifacts
 
     generate(tmp_path)
-    summary = generate_fixture_artifacts.describe_artifacts(tmp_path)
+    summary = describe_artifacts(tmp_path)
     assert json.loads(json.dumps(summary)) == summary
 
 

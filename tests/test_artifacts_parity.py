@@ -8,32 +8,29 @@ arguments, a summary of ORT's artifacts and ORT's training of them):
   element types, shapes), the optimizer node and its attributes, and the checkpoint bytes
   equal ORT's;
 * ``ort_torch_compat.api`` trains our artifacts to the numbers ORT recorded for its own
-  (the scenario of tests/scenario.py, tolerances of test_training_parity.py);
+  (the scenario of ort_torch_compat/testing/scenario.py, tolerances of test_training_parity.py);
 * live, when onnxruntime-training is importable: ORT itself trains our artifacts to those
   numbers.
 
 Our artifacts are generated here, in-process, unless ``ORT_TORCH_COMPAT_GENERATED_ARTIFACTS``
 names a directory of artifacts generated elsewhere (CI makes them on Python 3.13 with only
 onnx, numpy and flatbuffers installed: ``scripts/generate_fixture_artifacts.py``).
-Adding a model is one line in ``make_artifact_fixtures.CONFIGS`` and a re-run of that script.
+Adding a model is one line in ``ort_torch_compat.testing.artifact_fixtures.CONFIGS`` and a run of
+``scripts/make_artifact_fixtures.py``.
 """
 from __future__ import annotations
 
 import json
 import os
 import pathlib
-import sys
 
 import numpy as np
 import pytest
 
 import ort_torch_compat.api as ours
-from tests.conftest import ROOT
-from tests.scenario import compare, run_scenario
+from ort_torch_compat.testing import fixture_artifacts as generator
+from ort_torch_compat.testing.scenario import compare, run_scenario
 from tests.test_training_parity import TOLERANCES, _settle_noise_elements
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import generate_fixture_artifacts as generator  # noqa: E402
 
 FIXTURES = generator.fixture_dirs()
 GENERATED = os.environ.get("ORT_TORCH_COMPAT_GENERATED_ARTIFACTS")
@@ -120,11 +117,11 @@ def test_our_library_trains_our_artifacts_like_ort_trains_its_own(fixture, gener
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=[f.name for f in FIXTURES])
 def test_ort_trains_our_artifacts_like_its_own(fixture, generated, ort_api):
-    import make_artifact_fixtures  # needs torch, as the live tests do anyway
+    from ort_torch_compat.testing import artifact_fixtures
 
     document = _load(fixture)
     spec = document["scenario"]
-    actual = make_artifact_fixtures.run_ort_scenario(ort_api, generated(fixture), spec, document.get("ort_seed"))
+    actual = artifact_fixtures.run_ort_scenario(ort_api, generated(fixture), spec, document.get("ort_seed"))
     assert _numeric_tolerances(spec, _expected(fixture), actual) == []
 
 
@@ -137,19 +134,19 @@ def test_live_ort_own_artifacts_miss_a_broadcast_reduction_ours_do_not(tmp_path,
     sliced position embedding is added to the token embeddings.  Central finite differences
     (ORT running the eval model) agree with ORT running our gradient graph; ORT's own
     artifacts give another gradient for the position embedding."""
-    import make_artifact_fixtures as fixtures
     import onnx
     import onnxruntime
-    import prepare_for_artifacts
     import torch
 
-    from tests.scenario import make_batch
+    from ort_torch_compat.testing import artifact_fixtures as fixtures
+    from ort_torch_compat.testing import prepare_for_artifacts
+    from ort_torch_compat.testing.scenario import make_batch
 
     onnxruntime.set_default_logger_severity(3)
     config = fixtures.Config("decoder", "ce", "sgd", 17, {"dynamic_axes": True}, "_dyn")
     torch.manual_seed(3)
     model, args, in_names, out_names, _, training, _ = fixtures.build_model("decoder", "ce")
-    exported = fixtures._export(config, model, args, in_names, out_names, training, dynamic=True)
+    exported = fixtures.export_model(config, model, args, in_names, out_names, training, dynamic=True)
     params = [i.name for i in exported.graph.initializer if i.name in dict(model.named_parameters())]
     arguments = {"requires_grad": params, "frozen_params": [], "loss": "CrossEntropyLoss", "optimizer": "SGD",
                  "kwargs": {}}
@@ -160,7 +157,7 @@ def test_live_ort_own_artifacts_miss_a_broadcast_reduction_ours_do_not(tmp_path,
     onnx.save(exported, str(tmp_path / "fixture" / "model.onnx"))
     (tmp_path / "fixture" / "spec.json").write_text(json.dumps({"generate_artifacts": arguments}))
     generator.generate_for_fixture(tmp_path / "fixture", ours_dir)
-    fixtures._ort_generate(prepare_for_artifacts.prepare_model(exported), arguments, ort_dir)
+    fixtures.ort_generate(prepare_for_artifacts.prepare_model(exported), arguments, ort_dir)
 
     spec = {"seed": 1, "inputs": [{"name": "x", "shape": [2, 6], "kind": "int", "high": 11},
                                   {"name": "labels", "shape": [12], "kind": "int", "high": 5}]}

@@ -22,7 +22,7 @@ from ort_torch_compat.api import CheckpointState
 from ort_torch_compat.engine import TrainingEngine, compile_cache, compiled
 from ort_torch_compat.legacy import SessionOptions
 from tests.conftest import FIXTURES, ROOT, load_spec
-from tests.scenario import make_batch
+from ort_torch_compat.testing.scenario import make_batch
 
 pytestmark = pytest.mark.skipif(compiled.cxx_compiler() is None, reason="needs a C++ compiler")
 
@@ -94,7 +94,6 @@ def test_a_run_switches_to_the_compiled_step_midway_with_eager_numbers(monkeypat
 
 _TRAINER = textwrap.dedent("""
     import sys, time
-    sys.path.insert(0, {root!r})
     import torch
     from tests.test_background_compile import _engine, _feeds
     from ort_torch_compat.engine import compile_worker
@@ -130,7 +129,7 @@ def test_a_process_that_ends_mid_compile_leaves_nothing_behind(tmp_path, how):
     """A normal exit (atexit) or SIGKILL of the training process while the worker compiles:
     the worker and its compiler processes end, no scratch directory and no entry remain."""
     environment = dict(os.environ, **{compile_cache.CACHE_ENV: str(tmp_path)})
-    trainer = subprocess.Popen([sys.executable, "-c", _TRAINER.format(root=str(ROOT)), how], cwd=ROOT,
+    trainer = subprocess.Popen([sys.executable, "-c", _TRAINER, how], cwd=ROOT,
                                env=environment, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         worker = int(trainer.stdout.readline())

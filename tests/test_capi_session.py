@@ -1,6 +1,6 @@
 """The C/C#/Objective-C training session surface (`ort_torch_compat.TrainingSession`, issue 6).
 
-* A C-API-style run of the standard scenario (tests/scenario.py) on committed fixtures gives
+* A C-API-style run of the standard scenario (ort_torch_compat/testing/scenario.py) on committed fixtures gives
   exactly the numbers of the drop-in API (one engine) and ORT's recorded numbers within the
   tolerances of tests/test_training_parity.py.
 * A full C-API loop from buffers: steps, scheduler, buffers, properties, parameters, save,
@@ -30,7 +30,7 @@ from ort_torch_compat import (
 )
 from ort_torch_compat.errors import InvalidInputError, ModelLoadError, NominalStateError, ReleasedError
 from tests.conftest import FIXTURES, load_spec
-from tests.scenario import EVAL_SEED_KEY, compare, make_batch, run_scenario
+from ort_torch_compat.testing.scenario import EVAL_SEED_KEY, compare, make_batch, run_scenario
 
 PARITY_CONFIGS = ["mlp_ce_adamw_op17", "cnn_mse_sgd_op17"]
 # tests/test_training_parity.py's tolerances (float32 rounding over 5 optimizer steps)
@@ -71,7 +71,7 @@ def _inputs(spec: dict, k: int, j: int, names) -> list:
 # The standard scenario through the C API surface
 # ----------------------------------------------------------------------------------------
 def run_capi_scenario(config: str) -> dict:
-    """tests/scenario.run_scenario's keys, produced with TrainingSession calls only (plus the
+    """ort_torch_compat.testing.scenario.run_scenario's keys, produced with TrainingSession calls only (plus the
     shared CheckpointState's accessors for parameters and gradients)."""
     spec = load_spec(FIXTURES / config)
     trainable, frozen = list(spec["trainable_params"]), list(spec.get("frozen_params", []))

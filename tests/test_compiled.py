@@ -25,7 +25,7 @@ from ort_torch_compat.engine import TrainingEngine, compile_build, compile_cache
 from ort_torch_compat.graph.specialize import NotSpecializable, specialize
 from ort_torch_compat.legacy import SessionOptions
 from tests.conftest import FIXTURES, ROOT, load_spec
-from tests.scenario import make_batch
+from ort_torch_compat.testing.scenario import make_batch
 
 TEST_CACHE = ROOT / ".pytest_cache" / "ort_torch_compat"
 

@@ -1,6 +1,6 @@
 """CUDA runs of the drop-in API; skipped cleanly where no GPU is present.
 
-CUDA runs are held to the CPU parity tolerance (tests/parity_rule.py: rtol 1e-4, atol 1e-5;
+CUDA runs are held to the CPU parity tolerance (ort_torch_compat/testing/parity_rule.py: rtol 1e-4, atol 1e-5;
 parameters after updates atol 2e-5), not a looser GPU one: float32 on the GPU differs from
 float32 on the CPU by rounding only, while TF32 (torch's default for cuDNN convolutions,
 switched off inside the engine's steps: engine/precision.py) misses it by orders of
@@ -13,8 +13,8 @@ import torch
 
 import ort_torch_compat.api as ours
 from tests.conftest import FIXTURES, load_spec
-from tests.parity_rule import ADAMW_PARAM_ATOL, ATOL, RTOL
-from tests.scenario import compare, make_batch
+from ort_torch_compat.testing.parity_rule import ADAMW_PARAM_ATOL, ATOL, RTOL
+from ort_torch_compat.testing.scenario import compare, make_batch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 CONFIGS = ["mlp_ce_adamw_op17", "cnn_mse_sgd_op17", "transformer_ce_adamw_op17", "gru_mse_adamw_op17"]

@@ -1,4 +1,4 @@
-"""ONNX Runtime's behaviour at the edges of its training API, reproduced (tests/edge_cases.py).
+"""ONNX Runtime's behaviour at the edges of its training API, reproduced (ort_torch_compat/testing/edge_cases.py).
 
 The reference is onnxruntime-training 1.19.2 run live when it is importable, else what
 scripts/make_edge_fixtures.py recorded from it (tests/fixtures/edges/expected.json).
@@ -22,7 +22,7 @@ from ort_torch_compat import TrainingSession, load_checkpoint
 from ort_torch_compat.engine.string_inputs import cast_strings
 from ort_torch_compat.errors import InvalidArgumentError, InvalidInputError, ModelLoadError
 from ort_torch_compat.optim.adamw import adamw_step
-from tests import edge_cases as cases
+from ort_torch_compat.testing import edge_cases as cases
 
 try:
     import onnxruntime

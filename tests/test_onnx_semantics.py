@@ -18,7 +18,7 @@ import torch
 from onnx import helper, version_converter
 
 from ort_torch_compat.graph import UnsupportedOperatorError, build_graph_module
-from tests import op_replay
+from ort_torch_compat.testing import op_replay
 
 CASES = {case["id"]: case for case in op_replay.load_manifest()}
 ARRAYS = op_replay.Arrays()

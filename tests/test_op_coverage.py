@@ -1,6 +1,6 @@
 """The op coverage suite: every recorded one-op case (scripts/make_op_coverage.py,
 tests/fixtures/ops/) replayed through our converters and compared with ONNX Runtime 1.19.2's
-forward outputs and training gradients (tests/op_replay.py says how values compare).
+forward outputs and training gradients (ort_torch_compat/testing/op_replay.py says how values compare).
 
 The only exceptions are op_replay's two lists (ORT_GRADIENT_QUIRKS reproduced by default
 and checked for their exact alternative here, ORT_GRADIENT_WRONG checked against central
@@ -14,8 +14,8 @@ from typing import Dict, List
 
 import pytest
 
-from tests import op_replay
-from tests.op_replay import ORT_GRADIENT_QUIRKS, matching
+from ort_torch_compat.testing import op_replay
+from ort_torch_compat.testing.op_replay import ORT_GRADIENT_QUIRKS, matching
 
 CASES = [case for case in op_replay.load_manifest() if case["ort_forward"] == "ok"]
 ARRAYS = op_replay.Arrays()

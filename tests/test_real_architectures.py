@@ -1,11 +1,11 @@
-"""Real architectures (scripts/real_arch_models.py: torchvision CNNs, Hugging Face BERT,
+"""Real architectures (ort_torch_compat/testing/real_arch_models.py: torchvision CNNs, Hugging Face BERT,
 DistilBERT, GPT-2, Llama, T5, ViT, LSTM/BiLSTM text classifiers, a U-Net, LoRA) exported at
 opsets 14 and 17, in training and eval mode, with running stats as frozen params and as
 initializers, through ORT's generate_artifacts with AdamW and SGD: the standard scenario
-(tests/scenario.py: 5 steps, one accumulating two calls, eval) through our engine, compared
+(ort_torch_compat/testing/scenario.py: 5 steps, one accumulating two calls, eval) through our engine, compared
 with what scripts/make_real_arch_reference.py recorded.
 
-The rule (implemented in tests/parity_rule.py, which has the details):
+The rule (implemented in ort_torch_compat/testing/parity_rule.py, which has the details):
 
 - Everything is compared on condensed records: arrays of more than 64 floats as shape, sum,
   L1, L2 and 16 fixed elements, with what the elementwise tolerance
@@ -43,9 +43,9 @@ import ort_torch_compat.api as ours_on_cpu
 from ort_torch_compat.graph import UnsupportedOperatorError
 from ort_torch_compat.graph import converter_registry as registry
 from tests.conftest import FIXTURES
-from tests.float64_replay import FLOAT64_API, to_float64
-from tests.parity_rule import CondensedRecord, for_fixture, judge, unpack
-from tests.scenario import fill_values, make_batch, run_scenario
+from ort_torch_compat.testing.float64_replay import FLOAT64_API, to_float64
+from ort_torch_compat.testing.parity_rule import CondensedRecord, for_fixture, judge, unpack
+from ort_torch_compat.testing.scenario import fill_values, make_batch, run_scenario
 
 REAL_ARCH = FIXTURES / "real_arch"
 # ORT_TORCH_COMPAT_TEST_DEVICE=cuda runs our side on a GPU against the same CPU references

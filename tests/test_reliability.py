@@ -1,6 +1,6 @@
 """ORT 1.19.2's semantics in the edge cases of issue 17, and clear errors where ORT crashes.
 
-The scenarios are tests/reliability_cases.py; ORT's results are recorded in
+The scenarios are ort_torch_compat/testing/reliability_cases.py; ORT's results are recorded in
 tests/fixtures/reliability/ort_semantics.json by scripts/make_reliability_fixtures.py, and the
 cases that cannot crash ORT also run live against it when onnxruntime-training is importable.
 """
@@ -19,7 +19,7 @@ from onnx import helper, numpy_helper
 import ort_torch_compat.api as api
 from ort_torch_compat.errors import ModelLoadError
 from ort_torch_compat.graph import build_graph_module
-from tests import reliability_cases as cases
+from ort_torch_compat.testing import reliability_cases as cases
 from tests.conftest import FIXTURES
 
 ORT = json.loads((FIXTURES / "reliability" / "ort_semantics.json").read_text())

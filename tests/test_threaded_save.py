@@ -14,7 +14,7 @@ import pytest
 
 import ort_torch_compat.api as api
 from tests.conftest import FIXTURES, load_spec
-from tests.scenario import make_batch
+from ort_torch_compat.testing.scenario import make_batch
 
 ADAMW = FIXTURES / "mlp_mse_adamw_op17"
 CNN = FIXTURES / "cnn_ce_adamw_op17"  # BatchNorm: running stats change in the forward pass

@@ -13,7 +13,7 @@ from ort_torch_compat.engine import threads
 from ort_torch_compat.engine.threads import ThreadPolicy, thread_setting
 from ort_torch_compat.legacy import SessionOptions
 from tests.conftest import FIXTURES, load_spec
-from tests.scenario import make_batch
+from ort_torch_compat.testing.scenario import make_batch
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Differential tests: the standard scenario (tests/scenario.py) through ort_torch_compat
+"""Differential tests: the standard scenario (ort_torch_compat/testing/scenario.py) through ort_torch_compat
 versus what onnxruntime-training 1.19.2 recorded for the same artifacts and inputs.
 
 Tolerances (float32 rounding, accumulated over 5 optimizer steps):
@@ -20,7 +20,7 @@ import pytest
 
 import ort_torch_compat.api as ours
 from tests.conftest import load_spec, reference_configs
-from tests.scenario import compare, run_scenario
+from ort_torch_compat.testing.scenario import compare, run_scenario
 
 CONFIGS = reference_configs()
 TOLERANCES = {

@@ -1,4 +1,4 @@
-"""How the real-architecture suite records and compares a scenario (tests/scenario.py).
+"""How the real-architecture suite records and compares a scenario (ort_torch_compat/testing/scenario.py).
 
 Condensing.  A deep net's scenario holds millions of numbers per step; fixtures keep, per
 float array of more than ``SMALL`` elements, its ``/shape``, ``/sum``, ``/l1`` (sum of
@@ -22,7 +22,7 @@ tolerance), so one number summarises how far a run is from a reference.
 The rule for deep nets (float32 chaos).  The recording runs, besides the anchor (ORT, or the
 float64 eager torch replay where ORT cannot train), a float64 replay of the artifacts and
 three float64 replays whose initial parameters are moved by 16 float32 ulps
-(``spec['fill']['perturb']``, tests/scenario.fill_values), about the rounding error a
+(``spec['fill']['perturb']``, ort_torch_compat.testing.scenario.fill_values), about the rounding error a
 float32 forward pass accumulates.  A case is ``well_conditioned`` when the anchor and the
 three perturbed replays all stay within tolerance of the float64 replay at every step: then
 float32 rounding cannot matter, and ours is compared elementwise with the anchor at every

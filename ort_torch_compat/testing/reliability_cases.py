@@ -17,7 +17,8 @@ from onnx import TensorProto, helper
 
 from ort_torch_compat.codec import CheckpointRecord, ModuleStateRecord, encode_checkpoint, tensor_record_from_numpy
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from . import REPO
+
 CLASSIFIER = REPO / "examples" / "artifacts" / "mlp_classifier"  # dynamic batch, CrossEntropy (no ignore_index)
 MLP_CE = REPO / "tests" / "fixtures" / "mlp_ce_adamw_op17"
 

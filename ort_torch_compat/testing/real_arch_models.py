@@ -7,9 +7,9 @@ the benchmark times).  Everything is seeded, so the same torch version exports t
 ONNX graph; the tests never rebuild models (they replay committed artifacts), only the
 fixture and benchmark scripts do.
 
-Usage from another script::
+Usage from a script or test::
 
-    sys.path.insert(0, "scripts"); import real_arch_models as zoo
+    from ort_torch_compat.testing import real_arch_models as zoo
     recipe = zoo.RECIPES["resnet18"]
     built = recipe.build("test")        # Built(model, inputs, input_kinds, frozen, export_training, ...)
 

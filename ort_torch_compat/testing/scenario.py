@@ -125,7 +125,7 @@ def fill_values(spec: dict) -> np.ndarray:
 
     ``spec['fill']['perturb'] = s`` (float64 replays only) returns float64 values, each moved by
     ``PERTURBATION`` (relative) in a direction drawn from seed ``s``: the chaos probe of
-    tests/parity_rule.py.
+    ort_torch_compat/testing/parity_rule.py.
     """
     import zlib
 
@@ -168,7 +168,7 @@ def run_scenario(api: Any, artifacts_dir: "pathlib.Path | str", spec: dict,
     for ORT-format artifacts).
 
     Results go into ``out`` (a new dict by default; a mapping that condenses what is stored
-    keeps big models' records small, see tests/parity_rule.py).
+    keeps big models' records small, see ort_torch_compat/testing/parity_rule.py).
     """
     d = pathlib.Path(artifacts_dir)
     trainable: List[str] = list(spec["trainable_params"])

@@ -1,7 +1,7 @@
 """Partial runs of the standard scenario, for save/stop/resume tests in either library.
 
 `train_steps(api, state, module, optimizer, spec, first, last)` performs scenario steps
-first..last exactly as tests/scenario.py does (same inputs, the same accumulation step),
+first..last exactly as ort_torch_compat/testing/scenario.py does (same inputs, the same accumulation step),
 so a run split by a checkpoint can be compared with ORT's uninterrupted fixture.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Dict
 
 import numpy as np
 
-from tests.scenario import make_batch
+from .scenario import make_batch
 
 
 def train_steps(state: Any, module: Any, optimizer: Any, spec: dict, first: int, last: int) -> Dict[str, np.ndarray]:

@@ -1,7 +1,7 @@
 """Replaying one recorded op-coverage case through ort_torch_compat's graph converters.
 
 ``scripts/make_op_coverage.py`` records, per case (one op, one schema version, one attribute
-variant; see ``scripts/op_coverage_cases.py``), what onnxruntime 1.19.2 computes:
+variant; see ``ort_torch_compat/testing/op_coverage_cases.py``), what onnxruntime 1.19.2 computes:
 
 * ``<id>/model``: the one-op model; ``<id>/in/<name>``: its inputs; ``<id>/out/<name>``: the
   outputs of ``onnxruntime.InferenceSession`` (graph optimizations off);
@@ -30,7 +30,9 @@ import torch
 
 from ort_torch_compat.graph import GraphConversionError, build_graph_module, forward_graph
 
-FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "ops"
+from . import REPO
+
+FIXTURES = REPO / "tests" / "fixtures" / "ops"
 MANIFEST = FIXTURES / "manifest.json"
 
 # Where a case is not simply "equal to ORT": regexes over case ids, with the reason.

@@ -7,7 +7,7 @@ outputs, value_info, initializers, `Cast(to=float)` targets, `Constant` /
 namespace with the shape of `onnxruntime.training.api` (CheckpointState, Module, Optimizer,
 OrtValue) that loads every model through `to_float64`, turns the checkpoint's float32
 parameters into float64 ones and feeds float32 inputs as float64, so
-`tests/scenario.run_scenario(FLOAT64_API, ...)` replays the exact scenario ORT and we run in
+`ort_torch_compat.testing.scenario.run_scenario(FLOAT64_API, ...)` replays the exact scenario ORT and we run in
 float32.  It is a test instrument, not a product feature: the same converters run in both
 precisions, so it measures rounding, and step 1 is checked against ORT separately (see
 tests/test_real_architectures.py).

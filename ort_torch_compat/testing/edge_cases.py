@@ -20,7 +20,8 @@ from typing import Any, Callable, Dict, List
 import numpy as np
 import onnx
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from . import REPO as ROOT
+
 FIXTURES = ROOT / "tests" / "fixtures"
 EDGES = FIXTURES / "edges"
 EXPECTED = EDGES / "expected.json"

@@ -1,0 +1,67 @@
+"""The benchmark's report as text: the result tables and the measuring conditions.
+
+``scripts/benchmark.py`` prints them and ``scripts/measure_readme_figures.py`` writes them into
+README.md and docs/performance.md, from the JSON report ``benchmark.py --json`` records.
+"""
+from __future__ import annotations
+
+
+def table(report: dict, markdown: bool = False) -> str:
+    """The result table (plain text for the console, markdown for README)."""
+    columns = ["load", "model", "backend", "step ms", "cpu ms", "vs ort", "vs eager", "setup s", "first step ms",
+               "compile s", "import s", "peak RSS MB"]
+    rows = []
+    for load, models in report["summary"].items():
+        for name, backends in models.items():
+            for backend, row in backends.items():
+                if "error" in row:
+                    rows.append([load, name, backend, "error: " + row["error"][:80]] + [""] * (len(columns) - 4))
+                    continue
+                ratios = []
+                for ref in ("ort", "eager"):
+                    ref_row = backends.get(ref, {})
+                    ratios.append(f"{row['step_ms'] / ref_row['step_ms']:.2f}" if "step_ms" in ref_row else "-")
+                compile_s = report.get("compile", {}).get(name, {}).get("compile_s")
+                label = backend + ("" if backend != "ours" or row.get("compiled", True) else " (eager)")
+                rows.append([load, name, label, f"{row['step_ms']:.2f}", f"{row['cpu_ms']:.2f}", ratios[0], ratios[1],
+                             f"{row['setup_s']:.2f}", f"{row['first_ms']:.0f}",
+                             f"{compile_s:.0f}" if backend == "ours" and compile_s else "",
+                             f"{row['import_s']:.2f}", f"{row['peak_rss_mb']:.0f}"])
+    return _render(columns, rows, markdown)
+
+
+def _render(columns: list, rows: list, markdown: bool) -> str:
+    """A markdown table, or right-aligned plain columns for the console."""
+    if markdown:
+        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+    widths = [max(len(str(c)) for c in [col] + [r[i] for r in rows]) for i, col in enumerate(columns)]
+    lines = ["  ".join(str(c).rjust(w) for c, w in zip(columns, widths))]
+    return "\n".join(lines + ["  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in rows])
+
+
+def fresh_table(report: dict, markdown: bool = False) -> str:
+    """The first-seconds axis: steps in the first S seconds of a fresh process, cold cache."""
+    columns = ["load", "model", "backend", f"steps in {report['fresh_seconds']:.0f} s", "vs ort", "ready s",
+               "median step ms", "longest step ms", "compiled from step"]
+    rows = []
+    for load, models in report["fresh_summary"].items():
+        for name, backends in models.items():
+            for backend, row in backends.items():
+                if "error" in row:
+                    rows.append([load, name, backend, "error: " + row["error"][:80]] + [""] * (len(columns) - 4))
+                    continue
+                ort = backends.get("ort", {})
+                rows.append([load, name, backend, f"{row['steps']:.0f}",
+                             f"{row['steps'] / ort['steps']:.2f}" if ort.get("steps") else "-",
+                             f"{row['ready_s']:.1f}", f"{row['median_ms']:.2f}", f"{row['max_ms']:.1f}",
+                             f"{row['switch_step']:.0f}" if row.get("switch_step") else "-"])
+    return _render(columns, rows, markdown)
+
+
+def conditions(report: dict) -> str:
+    machine = report["machine"]
+    return (f"{machine['cpus']} CPUs ({machine['processor'] or machine['platform']}), torch {machine['torch']}, "
+            f"threads {machine['threads'] or 'default'}, device {machine['device']}; {report['rounds']} interleaved "
+            f"rounds of {report['steps']} steps after {report['warmup']} warm-up steps, medians; load = number of "
+            "busy background processes")
