@@ -144,6 +144,7 @@ def _hand_made_artifacts(work: Workload, directory: pathlib.Path) -> None:
     import onnx
     import torch
     from onnxruntime.training import artifacts
+
     from ort_torch_compat.testing.prepare_for_artifacts import prepare_eval_model, prepare_model
 
     training = torch.onnx.TrainingMode.TRAINING if work.name == "cnn" else torch.onnx.TrainingMode.EVAL

@@ -21,10 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime
 import torch
 from onnx import TensorProto, helper, numpy_helper
-
-import onnxruntime
 from onnxruntime.training import artifacts, onnxblock
 from onnxruntime.training.api import CheckpointState, LinearLRScheduler, Module, Optimizer
 

@@ -26,9 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
-
 import onnxruntime
+from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.training import api as ort_api
 from onnxruntime.training import artifacts
 

@@ -37,7 +37,13 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from ort_torch_compat.testing.legacy_optimizer_scenarios import (
-    SCENARIOS, WEIGHTS, attributes, calls, initial_weights, run_ort_cpu_kernels)
+    SCENARIOS,
+    WEIGHTS,
+    attributes,
+    calls,
+    initial_weights,
+    run_ort_cpu_kernels,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -268,8 +268,8 @@ def eager_replay(case: Case, spec: Dict[str, Any], directory: pathlib.Path, out)
     import torch
     import torch.nn.functional as F
 
-    from ort_torch_compat.testing import scenario
     from ort_torch_compat.optim import adamw_step, sgd_step
+    from ort_torch_compat.testing import scenario
 
     built = zoo.RECIPES[case.recipe].build("test")
     model = built.model.double()

@@ -40,9 +40,9 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional
 
+from ort_torch_compat.testing import REPO, scenario
 from ort_torch_compat.testing import prepare_for_artifacts as prep
 from ort_torch_compat.testing import reference_models as reference
-from ort_torch_compat.testing import REPO, scenario
 
 DEFAULT_OUT = REPO / "tests" / "fixtures"
 SCHEDULER_CONFIG = "mlp_mse_sgd_op17"

@@ -8,8 +8,8 @@ import pytest
 
 import ort_torch_compat.api as ours
 from ort_torch_compat.optim import adamw
-from tests.conftest import FIXTURES, load_spec
 from ort_torch_compat.testing.scenario import compare, run_scenario
+from tests.conftest import FIXTURES, load_spec
 from tests.test_training_parity import TOLERANCES, _settle_noise_elements
 
 # both adam_modes, with and without weight decay, a frozen subset, a transformer

@@ -7,8 +7,8 @@ import pytest
 
 import ort_torch_compat.api as api
 from ort_torch_compat.graph import UnsupportedOperatorError
-from tests.conftest import FIXTURES, load_spec
 from ort_torch_compat.testing.scenario import make_batch, run_scheduler_scenario
+from tests.conftest import FIXTURES, load_spec
 
 MLP = FIXTURES / "mlp_ce_adamw_op17"
 FROZEN = FIXTURES / "frozen_ce_sgd_op17"

@@ -21,8 +21,8 @@ import torch
 from ort_torch_compat.api import CheckpointState
 from ort_torch_compat.engine import TrainingEngine, compile_cache, compiled
 from ort_torch_compat.legacy import SessionOptions
-from tests.conftest import FIXTURES, ROOT, load_spec
 from ort_torch_compat.testing.scenario import make_batch
+from tests.conftest import FIXTURES, ROOT, load_spec
 
 pytestmark = pytest.mark.skipif(compiled.cxx_compiler() is None, reason="needs a C++ compiler")
 

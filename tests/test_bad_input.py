@@ -24,8 +24,8 @@ import ort_torch_compat.api as api
 from ort_torch_compat import capi_session as capi
 from ort_torch_compat.codec import CheckpointFormatError, decode_checkpoint, encode_checkpoint
 from ort_torch_compat.errors import InvalidInputError, ModelLoadError, ModelMismatchError, ReleasedError
-from tests.conftest import FIXTURES, load_spec
 from ort_torch_compat.testing.scenario import make_batch
+from tests.conftest import FIXTURES, load_spec
 
 SGD = FIXTURES / "mlp_mse_sgd_op17"      # small MLP, inputs x[4,6] float32, target[4,3] float32
 ADAMW = FIXTURES / "mlp_mse_adamw_op17"

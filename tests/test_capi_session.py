@@ -29,8 +29,8 @@ from ort_torch_compat import (
     set_seed,
 )
 from ort_torch_compat.errors import InvalidInputError, ModelLoadError, NominalStateError, ReleasedError
-from tests.conftest import FIXTURES, load_spec
 from ort_torch_compat.testing.scenario import EVAL_SEED_KEY, compare, make_batch, run_scenario
+from tests.conftest import FIXTURES, load_spec
 
 PARITY_CONFIGS = ["mlp_ce_adamw_op17", "cnn_mse_sgd_op17"]
 # tests/test_training_parity.py's tolerances (float32 rounding over 5 optimizer steps)

@@ -24,8 +24,8 @@ from ort_torch_compat.api import CheckpointState
 from ort_torch_compat.engine import TrainingEngine, compile_build, compile_cache, compile_key, compile_worker, compiled
 from ort_torch_compat.graph.specialize import NotSpecializable, specialize
 from ort_torch_compat.legacy import SessionOptions
-from tests.conftest import FIXTURES, ROOT, load_spec
 from ort_torch_compat.testing.scenario import make_batch
+from tests.conftest import FIXTURES, ROOT, load_spec
 
 TEST_CACHE = ROOT / ".pytest_cache" / "ort_torch_compat"
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import ort_torch_compat.api as ours
-from tests.conftest import FIXTURES, load_spec
 from ort_torch_compat.testing.parity_rule import ADAMW_PARAM_ATOL, ATOL, RTOL
 from ort_torch_compat.testing.scenario import compare, make_batch
+from tests.conftest import FIXTURES, load_spec
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 CONFIGS = ["mlp_ce_adamw_op17", "cnn_mse_sgd_op17", "transformer_ce_adamw_op17", "gru_mse_adamw_op17"]

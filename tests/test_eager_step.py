@@ -15,8 +15,8 @@ from ort_torch_compat.errors import InvalidInputError
 from ort_torch_compat.graph import dense_kernel
 from ort_torch_compat.graph.converters.recurrent import Recurrent
 from ort_torch_compat.graph.fusion import fuse_matmul_bias
-from tests.conftest import FIXTURES, load_spec
 from ort_torch_compat.testing.scenario import make_batch
+from tests.conftest import FIXTURES, load_spec
 
 
 def _session(name: str):

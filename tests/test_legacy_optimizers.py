@@ -17,8 +17,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ort_torch_compat.testing.legacy_optimizer_scenarios import (
+    SCENARIOS,
+    ort_kernel_missing,
+    run_ort_cpu_kernels,
+    run_session,
+)
 from tests.conftest import FIXTURES
-from ort_torch_compat.testing.legacy_optimizer_scenarios import SCENARIOS, ort_kernel_missing, run_ort_cpu_kernels, run_session
 
 RTOL, ATOL = 1e-6, 1e-7
 REFERENCE = FIXTURES / "legacy_optimizers" / "trajectories.npz"

@@ -12,9 +12,9 @@ import pytest
 
 import ort_torch_compat.api as ours
 from ort_torch_compat.errors import ModelLoadError, NominalStateError
-from tests.conftest import FIXTURES, load_spec
 from ort_torch_compat.testing.lifecycle import train_steps
 from ort_torch_compat.testing.scenario import compare, make_batch
+from tests.conftest import FIXTURES, load_spec
 
 RESUME_CONFIGS = ["mlp_ce_adamw_op17", "cnn_mse_sgd_op17", "transformer_ce_adamw_op17"]
 PROPERTIES = {"epoch": 2, "best_loss": float(np.float32(0.25)), "run": "ort-1.19.2"}

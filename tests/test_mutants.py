@@ -20,8 +20,8 @@ from onnx import helper
 import ort_torch_compat.api as ours
 from ort_torch_compat.codec import read_checkpoint, write_checkpoint
 from ort_torch_compat.graph import build_graph_module
-from tests.conftest import FIXTURES, load_spec
 from ort_torch_compat.testing.scenario import compare, run_scenario
+from tests.conftest import FIXTURES, load_spec
 from tests.test_training_parity import TOLERANCES, _settle_noise_elements
 
 BATCH_NORM_CONFIGS = sorted(p.name for p in FIXTURES.glob("cnn_*_op*") if (p / "expected.npz").exists())

@@ -32,8 +32,8 @@ from ort_torch_compat.cli import main
 from ort_torch_compat.engine.model_io import load_model
 from ort_torch_compat.errors import ModelLoadError
 from ort_torch_compat.ortformat import is_ort_format, read_ort_model, runtime_optimization_summary
-from tests.conftest import FIXTURES, load_spec
 from ort_torch_compat.testing.scenario import EVAL_SEED_KEY, compare, make_batch, run_scenario
+from tests.conftest import FIXTURES, load_spec
 from tests.test_training_parity import TOLERANCES, _exact_zero_gradients, _settle_noise_elements
 
 ORT_FORMAT = FIXTURES / "ort_format"

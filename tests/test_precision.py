@@ -16,8 +16,8 @@ from ort_torch_compat.api import CheckpointState, Module, Optimizer
 from ort_torch_compat.engine import optimizer_engine, precision, training_engine
 from ort_torch_compat.engine.precision import CONFIG_KEY, tf32_requested, tf32_scope
 from ort_torch_compat.legacy import SessionOptions
-from tests.conftest import FIXTURES, load_spec
 from ort_torch_compat.testing.scenario import make_batch
+from tests.conftest import FIXTURES, load_spec
 
 NEW_API = precision._new_api()
 LEAVES = [("cuda", "matmul"), ("cuda", "conv"), ("cuda", "rnn")]

@@ -42,10 +42,10 @@ import torch
 import ort_torch_compat.api as ours_on_cpu
 from ort_torch_compat.graph import UnsupportedOperatorError
 from ort_torch_compat.graph import converter_registry as registry
-from tests.conftest import FIXTURES
 from ort_torch_compat.testing.float64_replay import FLOAT64_API, to_float64
 from ort_torch_compat.testing.parity_rule import CondensedRecord, for_fixture, judge, unpack
 from ort_torch_compat.testing.scenario import fill_values, make_batch, run_scenario
+from tests.conftest import FIXTURES
 
 REAL_ARCH = FIXTURES / "real_arch"
 # ORT_TORCH_COMPAT_TEST_DEVICE=cuda runs our side on a GPU against the same CPU references

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import ort_torch_compat.api as api
-from tests.conftest import FIXTURES, load_spec
 from ort_torch_compat.testing.scenario import make_batch
+from tests.conftest import FIXTURES, load_spec
 
 ADAMW = FIXTURES / "mlp_mse_adamw_op17"
 CNN = FIXTURES / "cnn_ce_adamw_op17"  # BatchNorm: running stats change in the forward pass

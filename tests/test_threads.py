@@ -12,8 +12,8 @@ from ort_torch_compat.api import CheckpointState, Module, Optimizer
 from ort_torch_compat.engine import threads
 from ort_torch_compat.engine.threads import ThreadPolicy, thread_setting
 from ort_torch_compat.legacy import SessionOptions
-from tests.conftest import FIXTURES, load_spec
 from ort_torch_compat.testing.scenario import make_batch
+from tests.conftest import FIXTURES, load_spec
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import ort_torch_compat.api as ours
-from tests.conftest import load_spec, reference_configs
 from ort_torch_compat.testing.scenario import compare, run_scenario
+from tests.conftest import load_spec, reference_configs
 
 CONFIGS = reference_configs()
 TOLERANCES = {

@@ -6,10 +6,8 @@ from typing import List, Set, Tuple
 
 import onnx
 
-from . import _graph_utils
-from . import blocks
+from . import _graph_utils, blocks, training_model
 from . import model_accessor as accessor
-from . import training_model
 
 
 class ForwardBlock(blocks.Block):

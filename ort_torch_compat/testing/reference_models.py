@@ -199,6 +199,7 @@ def output_last_dim(train_m, eval_m) -> int:
 def save_npz(path: pathlib.Path, arrays: Dict[str, Any]) -> None:
     """Like ``np.savez_compressed`` but byte-reproducible (fixed zip timestamps, sorted keys)."""
     import zipfile
+
     import numpy as np
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for key in sorted(arrays):
