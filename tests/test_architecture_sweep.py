@@ -1,4 +1,4 @@
-"""A fast subset of the architecture sweep (scripts/architecture_sweep.py, docs/architecture-sweep.md):
+"""A fast subset of the architecture sweep (ort_torch_compat/testing/architecture_sweep.py, docs/architecture-sweep.md):
 three small architectures we did not design, each exported by the TorchScript exporter (opset 17)
 and the dynamo exporter (opset 18), artifacts from our generate_artifacts trained 3 AdamW steps by
 ort_torch_compat, against a float64 eager-PyTorch run of the same steps; where
@@ -9,13 +9,10 @@ The whole sweep (80+ architectures) runs by hand: ``python scripts/architecture_
 from __future__ import annotations
 
 import pathlib
-import sys
 
 import pytest
 
-from tests.conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "scripts"))
+from ort_torch_compat.testing import architecture_sweep as sweep
 
 CASES = [("hf_bert", "transformers"), ("hf_llama", "transformers"), ("tv_squeezenet1_1", "torchvision")]
 
@@ -37,8 +34,6 @@ def test_architecture_trains_like_the_float64_referee(arch, package, exporter, t
     pytest.importorskip(package)
     if exporter.startswith("dyn"):
         pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
-    import architecture_sweep as sweep
-
     record = sweep.run_case(arch, exporter, pathlib.Path(tmp_path))
     problems = {k: v for k, v in record["stages"].items() if not k.startswith("ort_")}
     assert not problems, problems
@@ -52,8 +47,6 @@ def test_architecture_trains_like_the_float64_referee(arch, package, exporter, t
 
 
 def test_classification_rules():
-    import architecture_sweep as sweep
-
     base = {"stages": {}, "deviation": {"ort": 1e-7, "ours": 1e-7}, "pair_deviation": 1e-7}
     assert sweep.classify(base)["class"] == "MATCH"
     assert sweep.classify(dict(base, pair_deviation=1e-2, deviation={"ort": 1e-2, "ours": 1e-7}))["class"] == "ORT-OFF"
