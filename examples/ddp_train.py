@@ -12,6 +12,7 @@ the whole batch (tests/test_ddp.py checks it).  Rank 0 writes an ORT checkpoint 
 artifacts' structure (`<out>/checkpoint`, loadable by onnxruntime-training) and the
 per-step losses (`<out>/losses.npy`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,18 @@ def global_batch(step: int, size: int, seed: int = 0) -> Tuple[torch.Tensor, tor
     return features, labels
 
 
-def train(artifacts: pathlib.Path, *, steps: int, global_batch_size: int, lr: float, seed: int = 0,
-          device: str = "cpu", rank: int = 0, world_size: int = 1, log: bool = False):
+def train(
+    artifacts: pathlib.Path,
+    *,
+    steps: int,
+    global_batch_size: int,
+    lr: float,
+    seed: int = 0,
+    device: str = "cpu",
+    rank: int = 0,
+    world_size: int = 1,
+    log: bool = False,
+):
     """Train and return (the unwrapped module, per-step global losses)."""
     if global_batch_size % world_size:
         raise ValueError(f"--global-batch {global_batch_size} is not divisible by the {world_size} processes")
@@ -60,8 +71,8 @@ def train(artifacts: pathlib.Path, *, steps: int, global_batch_size: int, lr: fl
     model.train()
     for step in range(steps):
         features, labels = global_batch(step, global_batch_size, seed)
-        x = features[rank * local:(rank + 1) * local].to(device)
-        y = labels[rank * local:(rank + 1) * local].to(device)
+        x = features[rank * local : (rank + 1) * local].to(device)
+        y = labels[rank * local : (rank + 1) * local].to(device)
         loss = model(x, y)
         loss.backward()  # DDP all-reduces (averages) the gradients here
         optimizer.step()
@@ -120,8 +131,17 @@ def main(argv: Optional[List[str]] = None) -> None:
         dist.init_process_group(backend="nccl" if args.device == "cuda" else "gloo")
 
     try:
-        module, losses = train(args.artifacts, steps=args.steps, global_batch_size=args.global_batch, lr=args.lr,
-                               seed=args.seed, device=device, rank=rank, world_size=world_size, log=True)
+        module, losses = train(
+            args.artifacts,
+            steps=args.steps,
+            global_batch_size=args.global_batch,
+            lr=args.lr,
+            seed=args.seed,
+            device=device,
+            rank=rank,
+            world_size=world_size,
+            log=True,
+        )
         if rank == 0:
             args.out.mkdir(parents=True, exist_ok=True)
             module.save_checkpoint(args.out / "checkpoint")  # ORT checkpoint, the artifacts' structure

@@ -16,6 +16,7 @@ and sends its trainable parameters back; Flower's FedAvg averages them.  Written
 It runs Flower's Simulation Runtime in this process (ort_torch_compat.federated.run_simulation,
 no Ray needed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,16 @@ sys.path.insert(0, str(APP_DIR))
 from ort_fl_app import device_data  # noqa: E402  (the devices' non-IID synthetic data)
 
 
-def run(clients: int, rounds: int, out: pathlib.Path, *, local_epochs: int = 2, learning_rate: float = 0.01,
-        client_fn=None, quiet: bool = False):
+def run(
+    clients: int,
+    rounds: int,
+    out: pathlib.Path,
+    *,
+    local_epochs: int = 2,
+    learning_rate: float = 0.01,
+    client_fn=None,
+    quiet: bool = False,
+):
     """Run the federation; returns the server's `CheckpointStrategy` (eval losses, rejections).
 
     `client_fn(context, default)` may replace a device's client (tests plug in faulty ones)."""
@@ -55,11 +64,23 @@ def run(clients: int, rounds: int, out: pathlib.Path, *, local_epochs: int = 2, 
         from flwr.server.strategy import FedAvg
 
         # every device every round; a round goes on with at least one good update
-        return FedAvg(fraction_fit=1.0, fraction_evaluate=1.0, min_fit_clients=clients,
-                      min_evaluate_clients=clients, min_available_clients=clients)
+        return FedAvg(
+            fraction_fit=1.0,
+            fraction_evaluate=1.0,
+            min_fit_clients=clients,
+            min_evaluate_clients=clients,
+            min_available_clients=clients,
+        )
 
-    app = server_app(ARTIFACTS / "checkpoint", out, num_rounds=rounds, strategy_fn=fedavg, local_epochs=local_epochs,
-                     learning_rate=learning_rate, on_strategy=strategies.append)
+    app = server_app(
+        ARTIFACTS / "checkpoint",
+        out,
+        num_rounds=rounds,
+        strategy_fn=fedavg,
+        local_epochs=local_epochs,
+        learning_rate=learning_rate,
+        on_strategy=strategies.append,
+    )
     if quiet:  # Flower's INFO lines and its run_simulation deprecation notice; our logger stays
         logging.getLogger("flwr").setLevel(logging.ERROR)
     run_simulation(app, client_app(make_client), num_supernodes=clients)
@@ -77,13 +98,16 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("ort_torch_compat.federated").setLevel(logging.INFO)
     started = time.perf_counter()
-    strategy = run(args.clients, args.rounds, args.out, local_epochs=args.local_epochs, learning_rate=args.lr,
-                   quiet=True)
+    strategy = run(
+        args.clients, args.rounds, args.out, local_epochs=args.local_epochs, learning_rate=args.lr, quiet=True
+    )
     for server_round, loss in sorted(strategy.eval_losses.items()):
         counts = json.loads((args.out / f"round_{server_round}" / "num_examples.json").read_text())
         print(f"round {server_round}: global eval loss {loss:.4f}  (clients {counts})")
-    print(f"wrote {args.out}/round_<r>/global/checkpoint for rounds 1..{args.rounds} "
-          f"in {time.perf_counter() - started:.1f} s")
+    print(
+        f"wrote {args.out}/round_<r>/global/checkpoint for rounds 1..{args.rounds} "
+        f"in {time.perf_counter() - started:.1f} s"
+    )
     losses = [strategy.eval_losses[r] for r in sorted(strategy.eval_losses)]
     return 0 if len(losses) == args.rounds and losses[-1] < losses[0] else 1
 

@@ -11,6 +11,7 @@
    original checkpoint's structure, which onnxruntime-training (or ort_torch_compat.api)
    loads to resume training or export.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--artifacts", type=pathlib.Path, default=ARTIFACTS)
-    parser.add_argument("--out", type=pathlib.Path,
-                        default=pathlib.Path(tempfile.gettempdir()) / "ort_torch_compat_finetune")
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=pathlib.Path(tempfile.gettempdir()) / "ort_torch_compat_finetune"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(0)
@@ -70,8 +72,9 @@ def main() -> None:
         print(f"eval loss {model(features, labels).item():.4f}")
 
     # The same weights in a module that returns the logits (no labels needed).
-    classifier = to_torch_module(args.artifacts / "training_model.onnx", args.artifacts / "checkpoint",
-                                 with_loss=False).eval()
+    classifier = to_torch_module(
+        args.artifacts / "training_model.onnx", args.artifacts / "checkpoint", with_loss=False
+    ).eval()
     classifier.load_state_dict(model.state_dict())
     with torch.no_grad():
         logits = classifier(features)
@@ -90,8 +93,10 @@ def main() -> None:
     state = CheckpointState.load_checkpoint(checkpoint)
     for name, parameter in state.parameters:
         assert np.array_equal(parameter.data, model.state_dict()[name].numpy()), name
-    print(f"ORT checkpoint {checkpoint} holds the fine-tuned weights "
-          f"({len(state.parameters)} parameters); train it further with onnxruntime.training.api")
+    print(
+        f"ORT checkpoint {checkpoint} holds the fine-tuned weights "
+        f"({len(state.parameters)} parameters); train it further with onnxruntime.training.api"
+    )
 
 
 if __name__ == "__main__":

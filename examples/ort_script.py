@@ -12,6 +12,7 @@ Both runs load the checkpoint, train with a linear learning-rate schedule, evalu
 save a resumable checkpoint, export an inference model, and write the numbers to
 `<out>/results.npz` (tests/test_switch.py compares the two).
 """
+
 import argparse
 import os
 import sys
@@ -41,8 +42,12 @@ def main():
     rng = np.random.default_rng(7)
 
     state = CheckpointState.load_checkpoint(os.path.join(args.artifacts, "checkpoint"))
-    module = Module(os.path.join(args.artifacts, "training_model.onnx"), state,
-                    os.path.join(args.artifacts, "eval_model.onnx"), device="cpu")
+    module = Module(
+        os.path.join(args.artifacts, "training_model.onnx"),
+        state,
+        os.path.join(args.artifacts, "eval_model.onnx"),
+        device="cpu",
+    )
     optimizer = Optimizer(os.path.join(args.artifacts, "optimizer_model.onnx"), module)
     scheduler = LinearLRScheduler(optimizer, warmup_step_count=args.steps, total_step_count=3, initial_lr=0.05)
 
@@ -51,8 +56,9 @@ def main():
     for step in range(args.steps):
         features, labels = batch(rng, 16)
         if step % 2:  # OrtValue inputs work too
-            loss = module(onnxruntime.OrtValue.ortvalue_from_numpy(features),
-                          onnxruntime.OrtValue.ortvalue_from_numpy(labels)).numpy()
+            loss = module(
+                onnxruntime.OrtValue.ortvalue_from_numpy(features), onnxruntime.OrtValue.ortvalue_from_numpy(labels)
+            ).numpy()
         else:
             loss = module(features, labels)
         optimizer.step()

@@ -7,6 +7,7 @@ scripts/make_example_artifacts.py with onnxruntime-training 1.19.2) on a synthet
 3-class problem, evaluates, saves a resumable checkpoint and exports an inference model.
 The only line that differs from an onnxruntime-training script is the import.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,9 @@ def synthetic_batch(rng: np.random.Generator, size: int):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(tempfile.gettempdir()) / "ort_torch_compat_example")
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=pathlib.Path(tempfile.gettempdir()) / "ort_torch_compat_example"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
@@ -41,8 +44,9 @@ def main() -> None:
     optimizer = Optimizer(ARTIFACTS / "optimizer_model.onnx", module)
     # ORT 1.19.2's Python scheduler swaps its two counts (see README): this warms up over
     # `total_step_count` steps.  Pass them as ORT users do; the numbers match ORT's.
-    scheduler = LinearLRScheduler(optimizer, warmup_step_count=args.steps, total_step_count=args.steps // 10,
-                                  initial_lr=0.05)
+    scheduler = LinearLRScheduler(
+        optimizer, warmup_step_count=args.steps, total_step_count=args.steps // 10, initial_lr=0.05
+    )
 
     module.train()
     for step in range(1, args.steps + 1):

@@ -2,6 +2,7 @@
 
 `ort_torch_compat.api` is the drop-in replacement for `onnxruntime.training.api`.
 """
+
 __version__ = "0.1.0"
 
 # The zero-edit switch (stdlib only): `install()` makes `import onnxruntime.training.api` this library.

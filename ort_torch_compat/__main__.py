@@ -1,4 +1,5 @@
 """`python -m ort_torch_compat ...` is the `ort-torch-compat` command."""
+
 import sys
 
 from .cli import main

@@ -31,6 +31,7 @@ go away without ever deleting a concurrent save's.  Without ``fcntl`` (Windows) 
 the filesystem refuses ``flock``, locking falls back to a lock inside this process and
 abandoned temp files are left alone.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -467,8 +468,11 @@ def _renames_forward(path: str, journal: Dict, done: Optional[List[Tuple[str, st
     steps = []
     if not os.path.lexists(at(journal["old_main"])) and os.path.lexists(path):
         steps.append((path, at(journal["old_main"])))
-    if not os.path.lexists(at(journal["old_data"])) and os.path.lexists(data_path) \
-            and os.path.lexists(at(journal["new_data"])):
+    if (
+        not os.path.lexists(at(journal["old_data"]))
+        and os.path.lexists(data_path)
+        and os.path.lexists(at(journal["new_data"]))
+    ):
         steps.append((data_path, at(journal["old_data"])))
     if os.path.lexists(at(journal["new_data"])):
         steps.append((at(journal["new_data"]), data_path))

@@ -13,6 +13,7 @@ There is one engine: a session wraps the same `TrainingEngine` / `OptimizerEngin
 `ort_torch_compat.api.Module` / `Optimizer`, so the same call sequence gives the same numbers
 through either surface.  docs/capi-session.md has the full mapping.
 """
+
 from __future__ import annotations
 
 import functools
@@ -65,8 +66,9 @@ def load_checkpoint_from_buffer(checkpoint_buffer: Union[bytes, bytearray, memor
     return CheckpointState.load_checkpoint(checkpoint_buffer)
 
 
-def save_checkpoint(checkpoint_state: CheckpointState, checkpoint_path: PathLike,
-                    include_optimizer_state: bool = False) -> None:
+def save_checkpoint(
+    checkpoint_state: CheckpointState, checkpoint_path: PathLike, include_optimizer_state: bool = False
+) -> None:
     """`SaveCheckpoint`: write the state (parameters, properties and, when asked, the optimizer
     state) to `checkpoint_path`.  The write is atomic (temporary file + rename)."""
     if not isinstance(checkpoint_state, CheckpointState):
@@ -176,8 +178,9 @@ class TrainingSession:
             raise TypeError("train_model is required (a path or the model's bytes)")
         train_source = _model_source(train_model, "train_model")
         self._label = f"TrainingSession(train_model={describe(train_source, 'training model')!r})"
-        engine = TrainingEngine(state._state, train_source, _model_source(eval_model, "eval_model"), device,
-                                session_options=session_options)
+        engine = TrainingEngine(
+            state._state, train_source, _model_source(eval_model, "eval_model"), device, session_options=session_options
+        )
         optimizer_source = _model_source(optimizer_model, "optimizer_model")
         self._optimizer: Optional[OptimizerEngine] = (
             None if optimizer_source is None else OptimizerEngine(optimizer_source, engine)
@@ -235,7 +238,8 @@ class TrainingSession:
             if unknown or missing:
                 raise InvalidInputError(
                     f"{'train' if training else 'eval'} step inputs by name: expected {names}"
-                    + (f", missing {missing}" if missing else "") + (f", unknown {unknown}" if unknown else "")
+                    + (f", missing {missing}" if missing else "")
+                    + (f", unknown {unknown}" if unknown else "")
                 )
             inputs = [inputs[n] for n in names]
         elif isinstance(inputs, (np.ndarray, torch.Tensor, OrtValue)) or callable(getattr(inputs, "numpy", None)):

@@ -12,6 +12,7 @@ file).  `run` exits with the script's own status.  Progress bars appear only whe
 is a terminal.  Heavy modules (torch) are imported by the commands that need them, so
 `run` of a script that never imports onnxruntime.training stays cheap.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,10 @@ CHECKPOINT_FILE = "checkpoint"
 TRAINING_MODEL_FILE = "training_model.onnx"
 EVAL_MODEL_FILE = "eval_model.onnx"
 # Without --training-model / --eval-model: the .onnx file, else ORT's converted .ort file.
-_DEFAULT_MODEL_FILES = {"training": ("training_model.onnx", "training_model.ort"),
-                        "eval": ("eval_model.onnx", "eval_model.ort")}
+_DEFAULT_MODEL_FILES = {
+    "training": ("training_model.onnx", "training_model.ort"),
+    "eval": ("eval_model.onnx", "eval_model.ort"),
+}
 
 
 def _model_file(directory: str, given: Optional[str], role: str) -> str:
@@ -39,6 +42,7 @@ def _model_file(directory: str, given: Optional[str], role: str) -> str:
         return os.path.join(directory, given)
     candidates = [os.path.join(directory, name) for name in _DEFAULT_MODEL_FILES[role]]
     return next((path for path in candidates if os.path.exists(path)), candidates[0])
+
 
 _RUN_USAGE = f"usage: {PROG} run [-h] (SCRIPT | -m MODULE) [ARGS...]"
 _RUN_HELP = f"""{_RUN_USAGE}
@@ -96,8 +100,9 @@ def _run_command(argv: List[str]) -> int:
             return 2
         target, rest = argv[1], argv[2:]
         if not _module_exists(target):
-            print(f"{PROG} run: error: no module named '{target}' (looked in {os.getcwd()} and sys.path)",
-                  file=sys.stderr)
+            print(
+                f"{PROG} run: error: no module named '{target}' (looked in {os.getcwd()} and sys.path)", file=sys.stderr
+            )
             return 1
     else:
         target, rest = argv[0], argv[1:]
@@ -127,8 +132,11 @@ def _to_torch(args: argparse.Namespace) -> int:
     from .migrate.state_dict import checkpoint_to_file
 
     tensors = checkpoint_to_file(args.checkpoint, args.out, include_optimizer=args.optimizer, progress=_progress())
-    kind = "safetensors" if str(args.out).endswith(".safetensors") else \
-        "a torch.save pickle; .safetensors holds no code, prefer it for files you share"
+    kind = (
+        "safetensors"
+        if str(args.out).endswith(".safetensors")
+        else "a torch.save pickle; .safetensors holds no code, prefer it for files you share"
+    )
     print(f"wrote {len(tensors)} tensors to {args.out} ({kind})")
     return 0
 
@@ -136,8 +144,14 @@ def _to_torch(args: argparse.Namespace) -> int:
 def _from_torch(args: argparse.Namespace) -> int:
     from .migrate.state_dict import file_to_checkpoint
 
-    state = file_to_checkpoint(args.state, args.checkpoint, args.out, drop_optimizer=args.drop_optimizer,
-                               allow_pickle=args.allow_pickle, progress=_progress())
+    state = file_to_checkpoint(
+        args.state,
+        args.checkpoint,
+        args.out,
+        drop_optimizer=args.drop_optimizer,
+        allow_pickle=args.allow_pickle,
+        progress=_progress(),
+    )
     optimizer = "with" if state.optimizer is not None else "without"
     print(f"wrote {args.out}: {len(state.parameters)} parameters, {optimizer} optimizer state")
     return 0
@@ -149,9 +163,11 @@ def _export(args: argparse.Namespace) -> int:
     directory = args.artifacts_dir
     if not os.path.isdir(directory):
         raise NotADirectoryError(f"artifacts directory '{directory}' does not exist or is not a directory")
-    paths = {"checkpoint": os.path.join(directory, args.checkpoint),
-             "training": _model_file(directory, args.training_model, "training"),
-             "eval": _model_file(directory, args.eval_model, "eval")}
+    paths = {
+        "checkpoint": os.path.join(directory, args.checkpoint),
+        "training": _model_file(directory, args.training_model, "training"),
+        "eval": _model_file(directory, args.eval_model, "eval"),
+    }
     for role, path in paths.items():
         if not os.path.exists(path):
             also = " (nor its .ort form)" if role != "checkpoint" and path.endswith(".onnx") else ""
@@ -202,8 +218,9 @@ def _input_shape(text: str):
             raise ValueError
         shape = tuple(int(d) for d in shape_text.replace("x", ",").split(",") if d.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected NAME=SHAPE[:DTYPE] such as input=2x8:float32, got {text!r}") \
-            from None
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=SHAPE[:DTYPE] such as input=2x8:float32, got {text!r}"
+        ) from None
     return name, shape, dtype or None
 
 
@@ -215,15 +232,21 @@ def _compile(args: argparse.Namespace) -> int:
         raise NotADirectoryError(f"artifacts directory '{directory}' does not exist or is not a directory")
     shapes = {name: shape for name, shape, _ in args.input}
     dtypes = {name: dtype for name, _, dtype in args.input if dtype}
-    result = precompile(_model_file(directory, args.training_model, "training"),
-                        os.path.join(directory, args.checkpoint), shapes, dtypes)
+    result = precompile(
+        _model_file(directory, args.training_model, "training"),
+        os.path.join(directory, args.checkpoint),
+        shapes,
+        dtypes,
+    )
     if result.status == "compiled":
         print(f"compiled the train step in {result.seconds:.1f} s: {result.directory}")
     elif result.status == "cached":
         print(f"already compiled: {result.directory}")
     else:
-        print(f"{PROG} compile: {result.status}: {result.reason} (train steps of these shapes run eagerly)",
-              file=sys.stderr)
+        print(
+            f"{PROG} compile: {result.status}: {result.reason} (train steps of these shapes run eagerly)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -235,15 +258,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Run onnxruntime-training scripts and artifacts on PyTorch; "
-                                            "convert ORT checkpoints to and from PyTorch state dicts.")
+    parser = _Parser(
+        prog=PROG,
+        description="Run onnxruntime-training scripts and artifacts on PyTorch; "
+        "convert ORT checkpoints to and from PyTorch state dicts.",
+    )
     parser.add_argument("--traceback", action="store_true", help="show the full traceback on errors")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
-    commands.add_parser("run", help="run an onnxruntime-training script unmodified (run SCRIPT [ARGS...])",
-                        add_help=False)
+    commands.add_parser(
+        "run", help="run an onnxruntime-training script unmodified (run SCRIPT [ARGS...])", add_help=False
+    )
 
     p = commands.add_parser("inspect", help="show what a checkpoint holds")
     p.add_argument("checkpoint", help="ORT checkpoint file")
@@ -253,9 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("to-torch", help="checkpoint -> PyTorch state dict (.safetensors or .pt)")
     p.add_argument("checkpoint", help="ORT checkpoint file")
     p.add_argument("out", help="output file: .safetensors (recommended) or .pt")
-    p.add_argument("--optimizer", action="store_true",
-                   help="add the optimizer state (optimizer/<param>/<moment>, optimizer/step, "
-                        "optimizer/initial_learning_rate)")
+    p.add_argument(
+        "--optimizer",
+        action="store_true",
+        help="add the optimizer state (optimizer/<param>/<moment>, optimizer/step, optimizer/initial_learning_rate)",
+    )
     p.set_defaults(func=_to_torch, files=("checkpoint", "out"))
 
     p = commands.add_parser("from-torch", help="PyTorch state dict + template checkpoint -> new checkpoint")
@@ -263,29 +292,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="template ORT checkpoint: trainable/frozen split, dtypes, properties, optimizer")
     p.add_argument("out", help="new ORT checkpoint file")
     p.add_argument("--drop-optimizer", action="store_true", help="write no optimizer state")
-    p.add_argument("--allow-pickle", action="store_true",
-                   help="allow reading a pickle-based .pt file (with torch.load(weights_only=True))")
+    p.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="allow reading a pickle-based .pt file (with torch.load(weights_only=True))",
+    )
     p.set_defaults(func=_from_torch, files=("state", "checkpoint", "out"))
 
     p = commands.add_parser("export", help="inference model from artifacts and their checkpoint")
     p.add_argument("artifacts_dir", help="directory with the checkpoint and models (generate_artifacts' layout)")
     p.add_argument("out", help="output ONNX file")
-    p.add_argument("--outputs", nargs="+", metavar="NAME",
-                   help="graph outputs to keep (default: the model outputs the loss consumes)")
+    p.add_argument(
+        "--outputs",
+        nargs="+",
+        metavar="NAME",
+        help="graph outputs to keep (default: the model outputs the loss consumes)",
+    )
     p.add_argument("--checkpoint", default=CHECKPOINT_FILE, help=f"checkpoint file name (default {CHECKPOINT_FILE})")
     p.add_argument("--eval-model", help=f"eval model file name (default {EVAL_MODEL_FILE}, else eval_model.ort)")
-    p.add_argument("--training-model",
-                   help=f"training model file name (default {TRAINING_MODEL_FILE}, else training_model.ort)")
+    p.add_argument(
+        "--training-model", help=f"training model file name (default {TRAINING_MODEL_FILE}, else training_model.ort)"
+    )
     p.set_defaults(func=_export, files=("artifacts_dir", "out"))
 
     p = commands.add_parser("compile", help="compile the train step ahead of time into the compile cache")
     p.add_argument("artifacts_dir", help="directory with the checkpoint and training model")
-    p.add_argument("--input", action="append", type=_input_shape, required=True, metavar="NAME=SHAPE[:DTYPE]",
-                   help="shape of a training-model input, e.g. input_ids=2x8 (repeat for each input; DTYPE "
-                        "where the model does not declare one)")
+    p.add_argument(
+        "--input",
+        action="append",
+        type=_input_shape,
+        required=True,
+        metavar="NAME=SHAPE[:DTYPE]",
+        help="shape of a training-model input, e.g. input_ids=2x8 (repeat for each input; DTYPE "
+        "where the model does not declare one)",
+    )
     p.add_argument("--checkpoint", default=CHECKPOINT_FILE, help=f"checkpoint file name (default {CHECKPOINT_FILE})")
-    p.add_argument("--training-model",
-                   help=f"training model file name (default {TRAINING_MODEL_FILE}, else training_model.ort)")
+    p.add_argument(
+        "--training-model", help=f"training model file name (default {TRAINING_MODEL_FILE}, else training_model.ort)"
+    )
     p.set_defaults(func=_compile, files=("artifacts_dir",))
     return parser
 

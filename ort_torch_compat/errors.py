@@ -4,6 +4,7 @@ ORT surfaces most misuse as `RuntimeError` subclasses (its pybind `Fail`,
 `InvalidArgument`...).  Ours derive from RuntimeError too, so code that catches ORT's errors
 keeps working, and from ValueError where the cause is a bad value the caller passed.
 """
+
 from __future__ import annotations
 
 from typing import List, Sequence, Tuple
@@ -55,5 +56,4 @@ class UnsupportedGradientError(ArtifactGenerationError):
         self.ops: List[Tuple[str, str, str, str]] = list(ops)
         kinds = sorted({f"{domain}::{op}" if domain not in ("", "ai.onnx") else op for domain, op, _, _ in self.ops})
         lines = [f"  {op} (node {name!r}): {reason}" for _, op, name, reason in self.ops]
-        super().__init__(
-            f"cannot build the gradient graph: no gradient for {', '.join(kinds)}\n" + "\n".join(lines))
+        super().__init__(f"cannot build the gradient graph: no gradient for {', '.join(kinds)}\n" + "\n".join(lines))

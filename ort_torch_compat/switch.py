@@ -24,6 +24,7 @@ Nothing is deleted from or replaced in `sys.modules` by `install()`; a module im
 before `install()` stays what it is (a warning says so for `onnxruntime.training.api`).
 `uninstall()` removes the finder and the modules it created.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -211,8 +212,11 @@ class SwitchFinder(importlib.abc.MetaPathFinder):
         root = sys.modules.get(ROOT)
         if root is None or _is_ours(root):
             return []
-        return [os.path.join(p, "training") for p in getattr(root, "__path__", []) or []
-                if os.path.isdir(os.path.join(p, "training"))]
+        return [
+            os.path.join(p, "training")
+            for p in getattr(root, "__path__", []) or []
+            if os.path.isdir(os.path.join(p, "training"))
+        ]
 
     # ---- the finder ------------------------------------------------------------------
     def find_spec(self, fullname, path=None, target=None):
@@ -225,7 +229,7 @@ class SwitchFinder(importlib.abc.MetaPathFinder):
         if fullname == TRAINING:
             return importlib.util.spec_from_loader(fullname, _Loader(self, "training"), is_package=True)
         if fullname == API or fullname.startswith(API + "."):
-            target_name = TARGET + fullname[len(API):]
+            target_name = TARGET + fullname[len(API) :]
             if fullname != API and importlib.util.find_spec(target_name) is None:
                 return None
             is_package = fullname == API
@@ -236,7 +240,7 @@ class SwitchFinder(importlib.abc.MetaPathFinder):
                 return None  # the real onnxruntime-training's artifacts, onnxblock...
             top = ".".join(fullname.split(".")[:3])
             if top in TOOLING_TARGETS:
-                return self._tooling_spec(fullname, TOOLING_TARGETS[top] + fullname[len(top):])
+                return self._tooling_spec(fullname, TOOLING_TARGETS[top] + fullname[len(top) :])
             raise ImportError(_NEEDS_REAL_TRAINING.format(name=top), name=fullname)
         if _is_ours(sys.modules.get(ROOT)):
             raise ImportError(_NEEDS_REAL_ORT.format(name=fullname), name=fullname)
@@ -248,7 +252,9 @@ class SwitchFinder(importlib.abc.MetaPathFinder):
         if target is None:
             return None
         loader = _Loader(self, "proxy", target_name)
-        return importlib.util.spec_from_loader(fullname, loader, is_package=target.submodule_search_locations is not None)
+        return importlib.util.spec_from_loader(
+            fullname, loader, is_package=target.submodule_search_locations is not None
+        )
 
     def invalidate_caches(self) -> None:
         pass

@@ -4,6 +4,7 @@ numpy arrays, OrtValues and torch tensors to tensors and back.
 `api/`, `session.py` and `legacy/` all accept the three kinds and answer in the kind they
 were given, so the rule lives here, once, below all three.
 """
+
 from __future__ import annotations
 
 from typing import Any, List, Sequence, Tuple, Union
@@ -36,8 +37,9 @@ class OrtValue:
         return cls(tensor.to(_device(device_type, device_id)))
 
     @classmethod
-    def ortvalue_from_shape_and_type(cls, shape: Sequence[int], element_type=np.float32, device_type: str = "cpu",
-                                     device_id: int = 0) -> "OrtValue":
+    def ortvalue_from_shape_and_type(
+        cls, shape: Sequence[int], element_type=np.float32, device_type: str = "cpu", device_id: int = 0
+    ) -> "OrtValue":
         dtype = torch.from_numpy(np.empty(0, dtype=element_type)).dtype
         return cls(torch.empty(tuple(shape), dtype=dtype, device=_device(device_type, device_id)))
 

@@ -38,6 +38,7 @@ Cases run one after the other in a subprocess, with one thread (a crash or a han
 is recorded, not fatal: the rest go on in a new process); ``--out`` is rewritten after every case, and cases already in it are skipped
 unless ``--redo``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,13 @@ def _one(arch: str, exporter: str) -> Dict[str, Any]:
         try:
             return sweep.run_case(arch, exporter, pathlib.Path(tmp))
         except Exception as error:  # noqa: BLE001
-            return {"arch": arch, "exporter": exporter, "class": "EXPORT-FAIL", "why": "sweep harness: " + sweep.short_error(error),
-                    "stages": {"harness": traceback.format_exc()[-3000:]}}
+            return {
+                "arch": arch,
+                "exporter": exporter,
+                "class": "EXPORT-FAIL",
+                "why": "sweep harness: " + sweep.short_error(error),
+                "stages": {"harness": traceback.format_exc()[-3000:]},
+            }
 
 
 def _child(journal: str, cases: str) -> int:
@@ -85,16 +91,26 @@ def run_in_subprocesses(cases: List[tuple], timeout: float):
     case that crashes its process or runs over ``timeout`` seconds is recorded as such and the
     rest go on in a new process."""
     # 4 forwards: background compilation (ORT_TORCH_COMPAT_COMPILE=auto) would only cost CPU
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               TRANSFORMERS_VERBOSITY="error")
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        TRANSFORMERS_VERBOSITY="error",
+    )
     env.setdefault("ORT_TORCH_COMPAT_COMPILE", "off")
     pending = [f"{a}:{e}" for a, e in cases]
     while pending:
         with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as handle:
             journal = handle.name
         errors = tempfile.TemporaryFile(mode="w+")  # the exporters are chatty: a pipe would fill up
-        proc = subprocess.Popen([sys.executable, str(pathlib.Path(__file__).resolve()), "--child", journal,
-                                 ",".join(pending)], env=env, stdout=subprocess.DEVNULL, stderr=errors, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(pathlib.Path(__file__).resolve()), "--child", journal, ",".join(pending)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=errors,
+            text=True,
+        )
         seen = 0
         current, since = None, time.perf_counter()
         failure = None
@@ -113,8 +129,10 @@ def run_in_subprocesses(cases: List[tuple], timeout: float):
             if proc.poll() is not None:
                 if current is not None:
                     errors.seek(0)
-                    failure = {"class": "OURS-FAIL", "why": f"case process died (rc {proc.returncode}): "
-                               + errors.read()[-300:].replace("\n", " ")}
+                    failure = {
+                        "class": "OURS-FAIL",
+                        "why": f"case process died (rc {proc.returncode}): " + errors.read()[-300:].replace("\n", " "),
+                    }
                 break
             if current is not None and time.perf_counter() - since > timeout:
                 proc.kill()
@@ -135,13 +153,17 @@ def table(results: List[Dict[str, Any]]) -> str:
     def fmt(x):
         return "—" if x is None else f"{x:.1e}"
 
-    lines = ["| architecture | exporter | class | ORT dev | ours dev | ours on ORT's artifacts dev | why |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| architecture | exporter | class | ORT dev | ours dev | ours on ORT's artifacts dev | why |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in sorted(results, key=lambda r: (r["arch"], r["exporter"])):
         dev = r.get("deviation") or {}
         why = (r.get("why") or "").replace("|", "\\|")
-        lines.append(f"| {r['arch']} | {r['exporter']} | {r['class']} | {fmt(dev.get('ort'))} | {fmt(dev.get('ours'))} "
-                     f"| {fmt(dev.get('ours_on_ort'))} | {why[:220]} |")
+        lines.append(
+            f"| {r['arch']} | {r['exporter']} | {r['class']} | {fmt(dev.get('ort'))} | {fmt(dev.get('ours'))} "
+            f"| {fmt(dev.get('ours_on_ort'))} | {why[:220]} |"
+        )
     return "\n".join(lines)
 
 
@@ -168,9 +190,13 @@ def counts(results: List[Dict[str, Any]]) -> Dict[str, int]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--all", action="store_true", help="every architecture in ort_torch_compat/testing/sweep_models.py")
+    parser.add_argument(
+        "--all", action="store_true", help="every architecture in ort_torch_compat/testing/sweep_models.py"
+    )
     parser.add_argument("--archs", default="", help="comma-separated architecture names")
-    parser.add_argument("--exporters", default=",".join(sweep.DEFAULT_EXPORTERS), help=f"comma-separated, of {sweep.EXPORTERS}")
+    parser.add_argument(
+        "--exporters", default=",".join(sweep.DEFAULT_EXPORTERS), help=f"comma-separated, of {sweep.EXPORTERS}"
+    )
     parser.add_argument("--out", default="architecture_sweep.json")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per case")
     parser.add_argument("--redo", action="store_true", help="rerun cases already in --out")
@@ -202,8 +228,11 @@ def main() -> int:
         arch, exporter = record["arch"], record["exporter"]
         results = [r for r in results if (r["arch"], r["exporter"]) != (arch, exporter)] + [record]
         out.write_text(json.dumps(results, indent=1, default=float))
-        print(f"{arch:28s} {exporter:6s} {record['class']:26s} {record.get('wall_s', 0):6.1f}s "
-              f"{(record.get('why') or '')[:150]}", flush=True)
+        print(
+            f"{arch:28s} {exporter:6s} {record['class']:26s} {record.get('wall_s', 0):6.1f}s "
+            f"{(record.get('why') or '')[:150]}",
+            flush=True,
+        )
     print(json.dumps(counts(results)))
     return 0
 

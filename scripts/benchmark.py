@@ -37,6 +37,7 @@ seconds after the process was started (interpreter start, imports and setup coun
 reported: steps completed, the median and the longest step after the first, and for ours
 the step at which the compiled step took over (the compiler runs in the background).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,17 +71,30 @@ def _hand_made(name: str, size: str = "bench"):
 
     torch.manual_seed(0)
     if name == "mlp":
-        model = torch.nn.Sequential(torch.nn.Linear(784, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
-                                    torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+        model = torch.nn.Sequential(
+            torch.nn.Linear(784, 1024),
+            torch.nn.ReLU(),
+            torch.nn.Linear(1024, 1024),
+            torch.nn.ReLU(),
+            torch.nn.Linear(1024, 10),
+        )
         example = torch.randn(128 if size == "bench" else 4, 784)
     elif name == "cnn":
         model = torch.nn.Sequential(
-            torch.nn.Conv2d(3, 32, 3, padding=1, bias=False), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+            torch.nn.Conv2d(3, 32, 3, padding=1, bias=False),
+            torch.nn.BatchNorm2d(32),
+            torch.nn.ReLU(),
             torch.nn.MaxPool2d(2),
-            torch.nn.Conv2d(32, 64, 3, padding=1, bias=False), torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
-            torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(64 * 8 * 8, 10))
+            torch.nn.Conv2d(32, 64, 3, padding=1, bias=False),
+            torch.nn.BatchNorm2d(64),
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Flatten(),
+            torch.nn.Linear(64 * 8 * 8, 10),
+        )
         example = torch.randn(32 if size == "bench" else 4, 3, 32, 32)
     elif name == "transformer":
+
         class Encoder(torch.nn.Module):
             def __init__(self):
                 super().__init__()
@@ -126,8 +140,9 @@ class Workload:
         else:
             from ort_torch_compat.testing import real_arch_artifacts
 
-            real_arch_artifacts.make_artifacts(self.name, directory, real_arch_artifacts.Variant(opset=17),
-                                               size=_RECIPE_SIZE[self.size])
+            real_arch_artifacts.make_artifacts(
+                self.name, directory, real_arch_artifacts.Variant(opset=17), size=_RECIPE_SIZE[self.size]
+            )
 
     def labels(self, directory: pathlib.Path):
         """Seeded labels shaped like the training model's `labels` input."""
@@ -150,15 +165,28 @@ def _hand_made_artifacts(work: Workload, directory: pathlib.Path) -> None:
     training = torch.onnx.TrainingMode.TRAINING if work.name == "cnn" else torch.onnx.TrainingMode.EVAL
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "model.onnx"
-    torch.onnx.export(work.model, tuple(work.inputs.values()), str(path), input_names=list(work.inputs),
-                      output_names=["output"], dynamo=False, opset_version=17, training=training,
-                      do_constant_folding=False)
+    torch.onnx.export(
+        work.model,
+        tuple(work.inputs.values()),
+        str(path),
+        input_names=list(work.inputs),
+        output_names=["output"],
+        dynamo=False,
+        opset_version=17,
+        training=training,
+        do_constant_folding=False,
+    )
     proto = prepare_model(onnx.load(str(path)))
     names = [init.name for init in proto.graph.initializer]
     frozen = [n for n in names if "running_" in n or "num_batches" in n]
-    artifacts.generate_artifacts(proto, requires_grad=[n for n in names if n not in frozen], frozen_params=frozen,
-                                 loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.AdamW,
-                                 artifact_directory=str(directory))
+    artifacts.generate_artifacts(
+        proto,
+        requires_grad=[n for n in names if n not in frozen],
+        frozen_params=frozen,
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=str(directory),
+    )
     for file in ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx"):
         p = onnx.load(str(directory / file))
         p = prepare_eval_model(p) if file == "eval_model.onnx" else p  # ORT refuses 3-output eval BN
@@ -167,8 +195,16 @@ def _hand_made_artifacts(work: Workload, directory: pathlib.Path) -> None:
 
 
 # ---- one measurement (child process) --------------------------------------------------------
-def measure(backend: str, name: str, directory: pathlib.Path, steps: int, warmup: int, device: str,
-            threads: int, size: str = "bench") -> dict:
+def measure(
+    backend: str,
+    name: str,
+    directory: pathlib.Path,
+    steps: int,
+    warmup: int,
+    device: str,
+    threads: int,
+    size: str = "bench",
+) -> dict:
     import numpy as np
     import torch
 
@@ -218,6 +254,7 @@ def measure(backend: str, name: str, directory: pathlib.Path, steps: int, warmup
             module(*values)
             optimizer.step()
             module.lazy_reset_grad()
+
     setup = time.perf_counter() - start
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     begin = time.perf_counter()
@@ -237,9 +274,15 @@ def measure(backend: str, name: str, directory: pathlib.Path, steps: int, warmup
         sync()
         wall.append(time.perf_counter() - begin)
         cpu.append(time.process_time() - begin_cpu)
-    return {"step_ms": 1000 * statistics.median(wall), "cpu_ms": 1000 * statistics.median(cpu), "setup_s": setup,
-            "first_ms": first_ms, "import_s": import_s,
-            "peak_rss_mb": _peak_rss_mb(), **extra}
+    return {
+        "step_ms": 1000 * statistics.median(wall),
+        "cpu_ms": 1000 * statistics.median(cpu),
+        "setup_s": setup,
+        "first_ms": first_ms,
+        "import_s": import_s,
+        "peak_rss_mb": _peak_rss_mb(),
+        **extra,
+    }
 
 
 def measure_window(backend: str, directory: pathlib.Path, started: float, seconds: float) -> dict:
@@ -273,8 +316,13 @@ def measure_window(backend: str, directory: pathlib.Path, started: float, second
         if time.time() >= deadline:
             break
     later = sorted(times[1:]) or [0.0]
-    return {"steps": len(times), "ready_s": first_at, "median_ms": 1000 * later[len(later) // 2],
-            "max_ms": 1000 * later[-1], "switch_step": switch}
+    return {
+        "steps": len(times),
+        "ready_s": first_at,
+        "median_ms": 1000 * later[len(later) // 2],
+        "max_ms": 1000 * later[-1],
+        "switch_step": switch,
+    }
 
 
 def _peak_rss_mb() -> float:
@@ -293,11 +341,27 @@ def _peak_rss_mb() -> float:
 
 
 # ---- driver ---------------------------------------------------------------------------------
-def run_child(backend: str, name: str, directory: pathlib.Path, args, environment: dict, steps=None,
-              window: bool = False) -> dict:
-    command = [sys.executable, __file__, "--child", backend, name, str(directory),
-               "--steps", str(steps if steps is not None else args.steps), "--warmup", str(args.warmup),
-               "--device", args.device, "--threads", str(args.threads), "--size", args.size]
+def run_child(
+    backend: str, name: str, directory: pathlib.Path, args, environment: dict, steps=None, window: bool = False
+) -> dict:
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        backend,
+        name,
+        str(directory),
+        "--steps",
+        str(steps if steps is not None else args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--device",
+        args.device,
+        "--threads",
+        str(args.threads),
+        "--size",
+        args.size,
+    ]
     if window:
         command += ["--window-start", repr(time.time()), "--fresh-seconds", str(args.fresh_seconds)]
     out = subprocess.run(command, capture_output=True, text=True, timeout=3600, env=environment)
@@ -336,9 +400,14 @@ def summarize(results: dict) -> dict:
                 if not ok:
                     row = {"error": runs[0]["error"] if runs else "not run"}
                 else:
-                    numeric = [k for k in ok[0] if isinstance(ok[0][k], (int, float)) and not isinstance(ok[0][k], bool)]
-                    row = {key: statistics.median(r[key] for r in ok if r.get(key) is not None) for key in numeric
-                           if any(r.get(key) is not None for r in ok)}
+                    numeric = [
+                        k for k in ok[0] if isinstance(ok[0][k], (int, float)) and not isinstance(ok[0][k], bool)
+                    ]
+                    row = {
+                        key: statistics.median(r[key] for r in ok if r.get(key) is not None)
+                        for key in numeric
+                        if any(r.get(key) is not None for r in ok)
+                    }
                     if "compiled" in ok[0]:
                         row["compiled"] = all(r.get("compiled") for r in ok)
                 summary.setdefault(load, {}).setdefault(name, {})[backend] = row
@@ -347,8 +416,12 @@ def summarize(results: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(HAND_MADE + ZOO_DEFAULT),
-                        help="model names, or 'all' (every recipe ORT can train)")
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=list(HAND_MADE + ZOO_DEFAULT),
+        help="model names, or 'all' (every recipe ORT can train)",
+    )
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS))
     parser.add_argument("--background", nargs="+", type=int, default=[0], help="load levels (busy processes)")
     parser.add_argument("--rounds", type=int, default=5)
@@ -357,8 +430,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads for every backend (0: defaults)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--size", choices=SIZES, default="bench")
-    parser.add_argument("--fresh-seconds", type=float, default=0,
-                        help="also run the first-seconds axis: steps in this many seconds of a fresh process")
+    parser.add_argument(
+        "--fresh-seconds",
+        type=float,
+        default=0,
+        help="also run the first-seconds axis: steps in this many seconds of a fresh process",
+    )
     parser.add_argument("--window-start", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=pathlib.Path, default=ROOT / "bench_out")
     parser.add_argument("--json", type=pathlib.Path, default=None)
@@ -370,8 +447,20 @@ def main() -> None:
         if args.window_start is not None:
             print(json.dumps(measure_window(backend, pathlib.Path(directory), args.window_start, args.fresh_seconds)))
             return
-        print(json.dumps(measure(backend, name, pathlib.Path(directory), args.steps, args.warmup, args.device,
-                                 args.threads, args.size)))
+        print(
+            json.dumps(
+                measure(
+                    backend,
+                    name,
+                    pathlib.Path(directory),
+                    args.steps,
+                    args.warmup,
+                    args.device,
+                    args.threads,
+                    args.size,
+                )
+            )
+        )
         return
     if args.table:
         report = json.loads(args.table.read_text())
@@ -399,10 +488,14 @@ def main() -> None:
     compile_report = {}
     if "ours" in backends:  # a cold compile per model: reported, and warms the cache for the rounds
         for name in args.models:
-            cold = run_child("ours", name, work_dirs[name], args, dict(environment, ORT_TORCH_COMPAT_COMPILE="on"),
-                             steps=1)
-            compile_report[name] = {"compile_s": cold.get("compile_s"), "compiled": cold.get("compiled"),
-                                    "error": cold.get("error")}
+            cold = run_child(
+                "ours", name, work_dirs[name], args, dict(environment, ORT_TORCH_COMPAT_COMPILE="on"), steps=1
+            )
+            compile_report[name] = {
+                "compile_s": cold.get("compile_s"),
+                "compiled": cold.get("compiled"),
+                "error": cold.get("error"),
+            }
             print(f"{name}: cold compile {compile_report[name]}", file=sys.stderr)
     results: dict = {}
     fresh: dict = {}
@@ -414,18 +507,40 @@ def main() -> None:
                 for name in args.models:
                     for backend in backends:
                         results[str(load)][name][backend].append(
-                            run_child(backend, name, work_dirs[name], args, environment))
-                    for backend in (fresh[str(load)][name] if args.fresh_seconds else ()):
+                            run_child(backend, name, work_dirs[name], args, environment)
+                        )
+                    for backend in fresh[str(load)][name] if args.fresh_seconds else ():
                         cold_cache = args.work / "cold_cache"
                         shutil.rmtree(cold_cache, ignore_errors=True)
-                        fresh[str(load)][name][backend].append(run_child(
-                            backend, name, work_dirs[name], args,
-                            dict(environment, ORT_TORCH_COMPAT_CACHE_DIR=str(cold_cache)), window=True))
+                        fresh[str(load)][name][backend].append(
+                            run_child(
+                                backend,
+                                name,
+                                work_dirs[name],
+                                args,
+                                dict(environment, ORT_TORCH_COMPAT_CACHE_DIR=str(cold_cache)),
+                                window=True,
+                            )
+                        )
                 print(f"load {load}: round {round_index + 1}/{args.rounds} done", file=sys.stderr)
-    machine = {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-               "torch": _torch_version(), "threads": args.threads, "device": args.device}
-    report = {"machine": machine, "size": args.size, "rounds": args.rounds, "steps": args.steps,
-              "warmup": args.warmup, "compile": compile_report, "summary": summarize(results), "raw": results}
+    machine = {
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "cpus": os.cpu_count(),
+        "torch": _torch_version(),
+        "threads": args.threads,
+        "device": args.device,
+    }
+    report = {
+        "machine": machine,
+        "size": args.size,
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "compile": compile_report,
+        "summary": summarize(results),
+        "raw": results,
+    }
     if args.fresh_seconds:
         report.update(fresh_seconds=args.fresh_seconds, fresh_summary=summarize(fresh), fresh_raw=fresh)
     print(conditions(report) + "\n" + table(report))

@@ -19,6 +19,7 @@ name counter is process-global.
 
     python scripts/make_artifact_fixtures.py [--only NAME,...] [--out tests/fixtures/artifacts] [--jobs 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,23 +59,32 @@ def run_worker(cfg: fixtures.Config, out_root: pathlib.Path) -> Dict[str, Any]:
         stage = "build and export"
         seed = reference.seed_of(cfg.name)
         torch.manual_seed(seed)
-        np.random.seed(seed % 2 ** 32)
-        model, args, in_names, out_names, kinds, training, frozen_torch = (cfg.build or (
-            lambda loss: fixtures.build_model(cfg.family, loss)))(cfg.loss)
+        np.random.seed(seed % 2**32)
+        model, args, in_names, out_names, kinds, training, frozen_torch = (
+            cfg.build or (lambda loss: fixtures.build_model(cfg.family, loss))
+        )(cfg.loss)
         twin = copy.deepcopy(model)  # exporting in training mode updates BatchNorm's running statistics
-        exported = fixtures.export_model(cfg, model, args, in_names, out_names, training,
-                                         bool(cfg.extra.get("dynamic_axes")))
+        exported = fixtures.export_model(
+            cfg, model, args, in_names, out_names, training, bool(cfg.extra.get("dynamic_axes"))
+        )
         for_ort = exported
         if cfg.extra.get("ort_static_twin"):
             for_ort = fixtures.export_model(cfg, twin, args, in_names, out_names, training, False)
         initializers = [i.name for i in exported.graph.initializer]
         parameters, buffers = dict(model.named_parameters()), dict(model.named_buffers())
         requires_grad = [n for n in initializers if n in parameters and n not in frozen_torch]
-        frozen = [n for n in initializers if (n in parameters and n in frozen_torch)
-                  or (n in buffers and buffers[n].dtype.is_floating_point)]
-        arguments = {"requires_grad": requires_grad, "frozen_params": frozen, "loss": fixtures.LOSS_TYPES[cfg.loss],
-                     "optimizer": cfg.extra.get("optimizer", {"adamw": "AdamW", "sgd": "SGD"}[cfg.optim]),
-                     "kwargs": cfg.extra.get("kwargs", {})}
+        frozen = [
+            n
+            for n in initializers
+            if (n in parameters and n in frozen_torch) or (n in buffers and buffers[n].dtype.is_floating_point)
+        ]
+        arguments = {
+            "requires_grad": requires_grad,
+            "frozen_params": frozen,
+            "loss": fixtures.LOSS_TYPES[cfg.loss],
+            "optimizer": cfg.extra.get("optimizer", {"adamw": "AdamW", "sgd": "SGD"}[cfg.optim]),
+            "kwargs": cfg.extra.get("kwargs", {}),
+        }
 
         stage = "onnxruntime-training generate_artifacts"
         target = out_root / cfg.name
@@ -83,8 +93,9 @@ def run_worker(cfg: fixtures.Config, out_root: pathlib.Path) -> Dict[str, Any]:
             ort_dir.mkdir()
             fixtures.ort_generate(prep.prepare_model(for_ort), arguments, ort_dir)
             stage = "scenario (onnxruntime.training.api)"
-            spec = fixtures.scenario_spec(cfg, ort_dir, requires_grad + frozen, kinds, arguments,
-                                          fixtures.concrete_dims(exported, model, args))
+            spec = fixtures.scenario_spec(
+                cfg, ort_dir, requires_grad + frozen, kinds, arguments, fixtures.concrete_dims(exported, model, args)
+            )
             expected = fixtures.run_ort_scenario(ort_api, ort_dir, spec, cfg.extra.get("seed"))
             again = fixtures.run_ort_scenario(ort_api, ort_dir, spec, cfg.extra.get("seed"))
             nondeterministic = scenario.compare(expected, again, rtol=0.0, atol=0.0)
@@ -103,17 +114,29 @@ def run_worker(cfg: fixtures.Config, out_root: pathlib.Path) -> Dict[str, Any]:
             "ort_seed": cfg.extra.get("seed"),
             "ort_static_twin": bool(cfg.extra.get("ort_static_twin")),
             "ort_artifacts": summary,
-            "versions": {"onnxruntime-training": onnxruntime.__version__, "onnx": onnx.__version__,
-                         "torch": torch.__version__},
+            "versions": {
+                "onnxruntime-training": onnxruntime.__version__,
+                "onnx": onnx.__version__,
+                "torch": torch.__version__,
+            },
         }
         (target / "spec.json").write_text(json.dumps(document, indent=1) + "\n")
         reference.save_npz(target / "expected.npz", expected)
-        return {"name": cfg.name, "ok": True, "loss_first": float(expected["step1/call1/loss"]),
-                "loss_last": float(expected["step5/call1/loss"]),
-                "kb": sum(f.stat().st_size for f in target.iterdir()) / 1024}
+        return {
+            "name": cfg.name,
+            "ok": True,
+            "loss_first": float(expected["step1/call1/loss"]),
+            "loss_last": float(expected["step5/call1/loss"]),
+            "kb": sum(f.stat().st_size for f in target.iterdir()) / 1024,
+        }
     except BaseException as exc:  # noqa: BLE001 - reported by the driver
-        return {"name": cfg.name, "ok": False, "stage": stage, "error": f"{type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc()[-3000:]}
+        return {
+            "name": cfg.name,
+            "ok": False,
+            "stage": stage,
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc()[-3000:],
+        }
 
 
 # --------------------------------------------------------------------------- driver
@@ -123,7 +146,7 @@ def _spawn(name: str, out_root: pathlib.Path) -> Dict[str, Any]:
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     return {"name": name, "ok": False, "stage": "worker crashed", "error": done.stderr[-2000:]}
 
 
@@ -155,12 +178,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for result in pool.map(lambda n: _spawn(n, out_root), names):
             if result["ok"]:
-                print(f"[{time.time() - start:6.1f}s] {result['name']}: ok  loss {result['loss_first']:.5f} -> "
-                      f"{result['loss_last']:.5f}  {result['kb']:.0f} kB", flush=True)
+                print(
+                    f"[{time.time() - start:6.1f}s] {result['name']}: ok  loss {result['loss_first']:.5f} -> "
+                    f"{result['loss_last']:.5f}  {result['kb']:.0f} kB",
+                    flush=True,
+                )
             else:
                 failed += 1
-                print(f"[{time.time() - start:6.1f}s] {result['name']}: FAILED at {result['stage']}: "
-                      f"{result['error']}\n{result.get('traceback', '')}", flush=True)
+                print(
+                    f"[{time.time() - start:6.1f}s] {result['name']}: FAILED at {result['stage']}: "
+                    f"{result['error']}\n{result.get('traceback', '')}",
+                    flush=True,
+                )
     return 1 if failed else 0
 
 

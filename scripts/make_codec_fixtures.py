@@ -11,6 +11,7 @@ tests can check decoded content without ORT installed.
 Run:  python scripts/make_codec_fixtures.py  (needs torch, onnx, onnxruntime-training 1.19.2)
 Output is deterministic (fixed seeds, fixed data); files are a few KB each.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -42,12 +43,22 @@ REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "tests" / "fixtures" / "codec"
 
 ONNX_NAME = {
-    TensorProto.FLOAT: "FLOAT", TensorProto.UINT8: "UINT8", TensorProto.INT8: "INT8",
-    TensorProto.UINT16: "UINT16", TensorProto.INT16: "INT16", TensorProto.INT32: "INT32",
-    TensorProto.INT64: "INT64", TensorProto.STRING: "STRING", TensorProto.BOOL: "BOOL",
-    TensorProto.FLOAT16: "FLOAT16", TensorProto.DOUBLE: "DOUBLE", TensorProto.UINT32: "UINT32",
-    TensorProto.UINT64: "UINT64", TensorProto.BFLOAT16: "BFLOAT16",
-    TensorProto.FLOAT8E4M3FN: "FLOAT8E4M3FN", TensorProto.FLOAT8E5M2: "FLOAT8E5M2",
+    TensorProto.FLOAT: "FLOAT",
+    TensorProto.UINT8: "UINT8",
+    TensorProto.INT8: "INT8",
+    TensorProto.UINT16: "UINT16",
+    TensorProto.INT16: "INT16",
+    TensorProto.INT32: "INT32",
+    TensorProto.INT64: "INT64",
+    TensorProto.STRING: "STRING",
+    TensorProto.BOOL: "BOOL",
+    TensorProto.FLOAT16: "FLOAT16",
+    TensorProto.DOUBLE: "DOUBLE",
+    TensorProto.UINT32: "UINT32",
+    TensorProto.UINT64: "UINT64",
+    TensorProto.BFLOAT16: "BFLOAT16",
+    TensorProto.FLOAT8E4M3FN: "FLOAT8E4M3FN",
+    TensorProto.FLOAT8E5M2: "FLOAT8E5M2",
 }
 
 
@@ -74,8 +85,11 @@ def describe_array(name: str, arr: np.ndarray, code: int) -> dict:
     raw = np.ascontiguousarray(arr).tobytes()
     entry["sha256"] = sha(raw)
     entry["nbytes"] = len(raw)
-    if arr.size <= 16 and arr.dtype.kind in "biuf" and arr.dtype.itemsize >= 1 and code not in (
-        TensorProto.BFLOAT16, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2
+    if (
+        arr.size <= 16
+        and arr.dtype.kind in "biuf"
+        and arr.dtype.itemsize >= 1
+        and code not in (TensorProto.BFLOAT16, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2)
     ):
         entry["values"] = arr.reshape(-1).tolist()
     return entry
@@ -116,21 +130,36 @@ def make_artifacts(work: Path, optim, nominal: bool) -> tuple[Path, dict]:
     net = TinyNet()
     x = torch.randn(5, 4)
     model_path = work / "tiny.onnx"
-    torch.onnx.export(net, (x,), str(model_path), input_names=["input"], output_names=["output"],
-                      opset_version=17, dynamo=False, do_constant_folding=False)
+    torch.onnx.export(
+        net,
+        (x,),
+        str(model_path),
+        input_names=["input"],
+        output_names=["output"],
+        opset_version=17,
+        dynamo=False,
+        do_constant_folding=False,
+    )
     model = onnx.load(str(model_path))
     init_order = [i.name for i in model.graph.initializer]
     requires_grad = ["fc1.weight", "fc1.bias", "fc2.weight"]
     frozen = ["fc2.bias"]
-    artifacts.generate_artifacts(model, requires_grad=requires_grad, frozen_params=frozen,
-                                 loss=artifacts.LossType.MSELoss, optimizer=optim,
-                                 artifact_directory=str(work), nominal_checkpoint=nominal)
+    artifacts.generate_artifacts(
+        model,
+        requires_grad=requires_grad,
+        frozen_params=frozen,
+        loss=artifacts.LossType.MSELoss,
+        optimizer=optim,
+        artifact_directory=str(work),
+        nominal_checkpoint=nominal,
+    )
     for f in ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx"):
         patch_ir(work / f)
     info = {
         "initializer_order": init_order,
-        "torch_params": {k: describe_array(k, v.detach().numpy(), TensorProto.FLOAT)
-                          for k, v in net.state_dict().items()},
+        "torch_params": {
+            k: describe_array(k, v.detach().numpy(), TensorProto.FLOAT) for k, v in net.state_dict().items()
+        },
         "requires_grad": requires_grad,
         "frozen": frozen,
     }
@@ -156,9 +185,13 @@ def train(work: Path, ckpt: Path, steps: int, scheduler_lr: float | None) -> tup
         if sched is not None:
             sched.step()
         module.lazy_reset_grad()
-    info = {"steps": steps, "losses": losses, "learning_rate_after": float(opt.get_learning_rate()),
-            "initial_lr": scheduler_lr if scheduler_lr is not None else 0.001,
-            "input_names": module.input_names()}
+    info = {
+        "steps": steps,
+        "losses": losses,
+        "learning_rate_after": float(opt.get_learning_rate()),
+        "initial_lr": scheduler_lr if scheduler_lr is not None else 0.001,
+        "input_names": module.input_names(),
+    }
     return state, info
 
 
@@ -170,10 +203,10 @@ def dtype_protos(loadable_only: bool) -> tuple[list, list]:
         numpy_helper.from_array(np.array(3.25, dtype=np.float32), "scalar_f32"),
         numpy_helper.from_array(np.array([-128, 0, 127], dtype=np.int8), "i8"),
         numpy_helper.from_array(np.array([-32768, 7, 32767], dtype=np.int16), "i16"),
-        numpy_helper.from_array(np.array([[-2**31, 5], [6, 2**31 - 1]], dtype=np.int32), "i32"),
+        numpy_helper.from_array(np.array([[-(2**31), 5], [6, 2**31 - 1]], dtype=np.int32), "i32"),
     ]
     f = [
-        numpy_helper.from_array(np.array([-2**63, 2**63 - 1, 42], dtype=np.int64), "i64"),
+        numpy_helper.from_array(np.array([-(2**63), 2**63 - 1, 42], dtype=np.int64), "i64"),
         numpy_helper.from_array(np.array([0, 1, 255], dtype=np.uint8), "u8"),
         numpy_helper.from_array(np.array([0, 65535], dtype=np.uint16), "u16"),
         numpy_helper.from_array(np.array([0, 2**32 - 1], dtype=np.uint32), "u32"),
@@ -185,6 +218,7 @@ def dtype_protos(loadable_only: bool) -> tuple[list, list]:
         f16 = numpy_helper.from_array(np.array([1.0, -0.5, 65504.0], dtype=np.float16), "f16")
         f16.doc_string = "a half-precision tensor"
         import ml_dtypes
+
         bf = np.array([1.0, -3.0, 0.1], dtype=ml_dtypes.bfloat16)
         bf16 = helper.make_tensor("bf16", TensorProto.BFLOAT16, [3], bf.view(np.uint16).tobytes(), raw=True)
         f8 = np.array([0.5, -2.0], dtype=ml_dtypes.float8_e4m3fn)
@@ -230,24 +264,44 @@ def main() -> None:
         onnxblock.save_checkpoint((tr, fr), str(tmp / "dtypes_nominal"), nominal_checkpoint=True)
         write_fixture("artifact_dtypes_checkpoint", tmp / "dtypes")
         write_fixture("artifact_dtypes_nominal_checkpoint", tmp / "dtypes_nominal")
-        E["artifact_dtypes_checkpoint"] = {"writer": "A", "is_nominal": False,
-                                           "trainable": [describe_proto(p) for p in tr],
-                                           "frozen": [describe_proto(p) for p in fr]}
-        E["artifact_dtypes_nominal_checkpoint"] = {"writer": "A", "is_nominal": True,
-                                                   "trainable": [describe_proto(p) for p in tr],
-                                                   "frozen": [describe_proto(p) for p in fr]}
+        E["artifact_dtypes_checkpoint"] = {
+            "writer": "A",
+            "is_nominal": False,
+            "trainable": [describe_proto(p) for p in tr],
+            "frozen": [describe_proto(p) for p in fr],
+        }
+        E["artifact_dtypes_nominal_checkpoint"] = {
+            "writer": "A",
+            "is_nominal": True,
+            "trainable": [describe_proto(p) for p in tr],
+            "frozen": [describe_proto(p) for p in fr],
+        }
 
         # ---- writer B: properties of all three types ----
         st = CheckpointState.load_checkpoint(str(wa / "checkpoint"))
-        props = {"epoch": 3, "zero_int": 0, "neg": -(2**40), "flag": True, "big": 2**63 - 1,
-                 "lr": 0.1, "zero_float": 0.0, "negf": -1.5e-3, "tag": "run-\u00e9", "empty": "",
-                 "huge_int": 2**70, "a_first": "alpha"}
+        props = {
+            "epoch": 3,
+            "zero_int": 0,
+            "neg": -(2**40),
+            "flag": True,
+            "big": 2**63 - 1,
+            "lr": 0.1,
+            "zero_float": 0.0,
+            "negf": -1.5e-3,
+            "tag": "run-\u00e9",
+            "empty": "",
+            "huge_int": 2**70,
+            "a_first": "alpha",
+        }
         for k, v in props.items():
             st.properties[k] = v
         CheckpointState.save_checkpoint(st, str(tmp / "props"))
         write_fixture("state_properties_checkpoint", tmp / "props")
-        E["state_properties_checkpoint"] = {"writer": "B", "properties_set": {k: repr(v) for k, v in props.items()},
-                                            **describe_state(CheckpointState.load_checkpoint(str(tmp / "props")))}
+        E["state_properties_checkpoint"] = {
+            "writer": "B",
+            "properties_set": {k: repr(v) for k, v in props.items()},
+            **describe_state(CheckpointState.load_checkpoint(str(tmp / "props"))),
+        }
 
         # ---- writer B: re-saving the artifact checkpoint unchanged ----
         st = CheckpointState.load_checkpoint(str(wa / "checkpoint"))
@@ -262,8 +316,7 @@ def main() -> None:
         CheckpointState.save_checkpoint(state, str(tmp / "adamw_noopt"), include_optimizer_state=False)
         write_fixture("state_adamw_checkpoint", tmp / "adamw_ckpt")
         write_fixture("state_adamw_noopt_checkpoint", tmp / "adamw_noopt")
-        E["state_adamw_checkpoint"] = {"writer": "B", "optimizer": "AdamW", "train": tinfo,
-                                       **describe_state(state)}
+        E["state_adamw_checkpoint"] = {"writer": "B", "optimizer": "AdamW", "train": tinfo, **describe_state(state)}
         E["state_adamw_noopt_checkpoint"] = {"writer": "B", **describe_state(state)}
 
         # ---- writer B: SGD optimizer state after 2 steps (no scheduler: default lr) ----
@@ -287,15 +340,21 @@ def main() -> None:
         # ---- writer B: external data (the flag sticks when loaded from an external file) ----
         rng = np.random.default_rng(3)
         ours = state_writer_record(
-            trainable=[tensor_record_from_numpy("w", rng.standard_normal((3, 5)).astype(np.float32)),
-                       tensor_record_from_numpy("odd", np.array([1, 2, 3], dtype=np.uint8)),
-                       tensor_record_from_numpy("d", np.array([0.25, -8.0], dtype=np.float64))],
-            frozen=[tensor_record_from_numpy("b1", np.array([True], dtype=np.bool_)),
-                    tensor_record_from_numpy("cnt", np.array([7, -9, 11], dtype=np.int64)),
-                    tensor_record_from_numpy("h", np.array([1, 2, 3], dtype=np.int16)),
-                    tensor_record_from_numpy("i8", np.array([-5], dtype=np.int8)),
-                    tensor_record_from_numpy("u64", np.array([2**64 - 1, 3], dtype=np.uint64))],
-            has_external_data=True, properties={"kind": "external"})
+            trainable=[
+                tensor_record_from_numpy("w", rng.standard_normal((3, 5)).astype(np.float32)),
+                tensor_record_from_numpy("odd", np.array([1, 2, 3], dtype=np.uint8)),
+                tensor_record_from_numpy("d", np.array([0.25, -8.0], dtype=np.float64)),
+            ],
+            frozen=[
+                tensor_record_from_numpy("b1", np.array([True], dtype=np.bool_)),
+                tensor_record_from_numpy("cnt", np.array([7, -9, 11], dtype=np.int64)),
+                tensor_record_from_numpy("h", np.array([1, 2, 3], dtype=np.int16)),
+                tensor_record_from_numpy("i8", np.array([-5], dtype=np.int8)),
+                tensor_record_from_numpy("u64", np.array([2**64 - 1, 3], dtype=np.uint64)),
+            ],
+            has_external_data=True,
+            properties={"kind": "external"},
+        )
         main_bytes, ext_bytes = encode_checkpoint(ours, external_min_bytes=state_writer_external_min_bytes(True))
         (tmp / "ours_ext").write_bytes(main_bytes)
         (tmp / "ours_ext.data").write_bytes(ext_bytes)
@@ -305,13 +364,13 @@ def main() -> None:
         same = (tmp / "ext_b").read_bytes() == main_bytes and (tmp / "ext_b.data").read_bytes() == ext_bytes
         if not same:
             raise SystemExit("ORT's re-save of our external checkpoint differs from our encoding")
-        E["state_external_checkpoint"] = {"writer": "B", "ort_resave_equals_our_encoding": same,
-                                          **describe_state(st)}
+        E["state_external_checkpoint"] = {"writer": "B", "ort_resave_equals_our_encoding": same, **describe_state(st)}
 
         # ---- writer B: a state with no parameters (ModuleState omitted) ----
         # (state_writer_record would omit the empty ModuleState; ORT must do that on its own)
-        empty = CheckpointRecord(version=2, module_state=ModuleStateRecord([], []), optimizer_groups=[],
-                                 properties={"only": 1})
+        empty = CheckpointRecord(
+            version=2, module_state=ModuleStateRecord([], []), optimizer_groups=[], properties={"only": 1}
+        )
         (tmp / "ours_empty").write_bytes(encode_checkpoint(empty)[0])
         st = CheckpointState.load_checkpoint(str(tmp / "ours_empty"))
         CheckpointState.save_checkpoint(st, str(tmp / "noparams"))

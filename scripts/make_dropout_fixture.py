@@ -16,6 +16,7 @@ importable.
 There is no expected.npz: ORT's dropout masks come from its own generator, so only
 reproducibility (same seed, same numbers) is checked, not parity.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,12 +53,27 @@ def generate(out_dir) -> pathlib.Path:
     torch.manual_seed(0)
     model = DropoutMLP().train()
     buffer = io.BytesIO()
-    torch.onnx.export(model, (torch.randn(4, 6),), buffer, input_names=["x"], output_names=["y"], dynamo=False,
-                      opset_version=17, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+    torch.onnx.export(
+        model,
+        (torch.randn(4, 6),),
+        buffer,
+        input_names=["x"],
+        output_names=["y"],
+        dynamo=False,
+        opset_version=17,
+        training=torch.onnx.TrainingMode.TRAINING,
+        do_constant_folding=False,
+    )
     proto = onnx.load_from_string(buffer.getvalue())
     params = [init.name for init in proto.graph.initializer]
-    artifacts.generate_artifacts(proto, requires_grad=params, frozen_params=[], loss=artifacts.LossType.MSELoss,
-                                 optimizer=artifacts.OptimType.AdamW, artifact_directory=str(out))
+    artifacts.generate_artifacts(
+        proto,
+        requires_grad=params,
+        frozen_params=[],
+        loss=artifacts.LossType.MSELoss,
+        optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=str(out),
+    )
     for name in ARTIFACTS:
         path = out / name
         model_proto = onnx.load(str(path))

@@ -9,6 +9,7 @@ write it; ``generate_artifacts`` (MSE loss, AdamW, W trained) turns it into arti
 ``expected.npz`` (x, target, loss, grad_W).  ORT's gradient is 2x the derivative: its
 DropoutGrad divides by (1 - ratio) although the forward did not drop anything.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,12 +28,14 @@ def model():
     from onnx import TensorProto, helper, numpy_helper
 
     weight = np.random.default_rng(0).standard_normal((6, 5)).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]),
-             helper.make_node("Dropout", ["h", "ratio"], ["y", "mask"])]
-    graph = helper.make_graph(nodes, "matmul_dropout", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 5])],
-                              initializer=[numpy_helper.from_array(weight, "W"),
-                                           numpy_helper.from_array(np.array(0.5, np.float32), "ratio")])
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Dropout", ["h", "ratio"], ["y", "mask"])]
+    graph = helper.make_graph(
+        nodes,
+        "matmul_dropout",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 5])],
+        initializer=[numpy_helper.from_array(weight, "W"), numpy_helper.from_array(np.array(0.5, np.float32), "ratio")],
+    )
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     proto.ir_version = 8
     onnx.checker.check_model(proto)
@@ -63,8 +66,14 @@ def generate(out_dir) -> pathlib.Path:
     onnxruntime.set_default_logger_severity(3)
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    artifacts.generate_artifacts(model(), requires_grad=["W"], frozen_params=[], loss=artifacts.LossType.MSELoss,
-                                 optimizer=artifacts.OptimType.AdamW, artifact_directory=str(out))
+    artifacts.generate_artifacts(
+        model(),
+        requires_grad=["W"],
+        frozen_params=[],
+        loss=artifacts.LossType.MSELoss,
+        optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=str(out),
+    )
     for name in ARTIFACTS:
         proto = onnx.load(str(out / name))
         proto.ir_version = min(proto.ir_version, MAX_IR_VERSION)

@@ -16,6 +16,7 @@ Writes tests/fixtures/edges/:
 tests/test_edges.py compares ort_torch_compat against this file, and against ORT live
 when it is importable.  Output is deterministic (fixed seeds); the files are a few KB.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,24 +41,36 @@ def make_string_artifacts(out: Path) -> None:
     """features (string [batch, 2]) -Cast-> float -> Gemm -> logits; label_text (string) -Cast-> labels."""
     rng = np.random.default_rng(15)
     graph = helper.make_graph(
-        [helper.make_node("Cast", ["features"], ["features_float"], to=TensorProto.FLOAT),
-         helper.make_node("Gemm", ["features_float", "fc.weight", "fc.bias"], ["logits"], transB=1),
-         helper.make_node("Cast", ["label_text"], ["labels"], to=TensorProto.INT64)],
+        [
+            helper.make_node("Cast", ["features"], ["features_float"], to=TensorProto.FLOAT),
+            helper.make_node("Gemm", ["features_float", "fc.weight", "fc.bias"], ["logits"], transB=1),
+            helper.make_node("Cast", ["label_text"], ["labels"], to=TensorProto.INT64),
+        ],
         "string_classifier",
-        [helper.make_tensor_value_info("features", TensorProto.STRING, ["batch", 2]),
-         helper.make_tensor_value_info("label_text", TensorProto.STRING, ["batch"])],
+        [
+            helper.make_tensor_value_info("features", TensorProto.STRING, ["batch", 2]),
+            helper.make_tensor_value_info("label_text", TensorProto.STRING, ["batch"]),
+        ],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
-        [numpy_helper.from_array(rng.normal(scale=0.1, size=(3, 2)).astype(np.float32), "fc.weight"),
-         numpy_helper.from_array(np.zeros(3, np.float32), "fc.bias")])
+        [
+            numpy_helper.from_array(rng.normal(scale=0.1, size=(3, 2)).astype(np.float32), "fc.weight"),
+            numpy_helper.from_array(np.zeros(3, np.float32), "fc.bias"),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     # CrossEntropyLoss reuses the graph's existing "labels" value instead of adding an int64 input.
-    artifacts.generate_artifacts(model, requires_grad=["fc.weight", "fc.bias"], frozen_params=[],
-                                 loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.AdamW,
-                                 artifact_directory=str(out))
+    artifacts.generate_artifacts(
+        model,
+        requires_grad=["fc.weight", "fc.bias"],
+        frozen_params=[],
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=str(out),
+    )
     for name in ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx"):
         proto = onnx.load(str(out / name))
         proto.ir_version = min(proto.ir_version, MAX_IR_VERSION)
@@ -69,8 +82,9 @@ def cast_table() -> dict:
     table = {}
     for family, targets in cases.CAST_TARGETS.items():
         for target in targets:
-            session = onnxruntime.InferenceSession(cases.cast_model(getattr(TensorProto, target)).SerializeToString(),
-                                                   providers=["CPUExecutionProvider"])
+            session = onnxruntime.InferenceSession(
+                cases.cast_model(getattr(TensorProto, target)).SerializeToString(), providers=["CPUExecutionProvider"]
+            )
             row = {}
             for text in cases.CAST_TEXTS[family]:
                 try:
@@ -97,8 +111,9 @@ def main() -> None:
             "device": cases.device_misuse(ort_api),
             "output_kinds": cases.output_kinds(ort_api, onnxruntime.OrtValue),
             "label_out_of_range": cases.label_out_of_range(ort_api),
-            "string_inputs": {kind: cases.string_inputs(ort_api, as_array)
-                              for kind, as_array in cases.string_feed_variants().items()},
+            "string_inputs": {
+                kind: cases.string_inputs(ort_api, as_array) for kind, as_array in cases.string_feed_variants().items()
+            },
             "cast": cast_table(),
             "adamw_decay": cases.adamw_decay(ort_api, workdir),
             "buffers": cases.buffer_kinds(ort_api, onnxruntime.OrtValue),

@@ -10,6 +10,7 @@ examples/models/mlp_classifier.onnx, the input of README's "Making artifacts" sn
 inference model of these artifacts:
 ``ort-torch-compat export examples/artifacts/mlp_classifier examples/models/mlp_classifier.onnx``.
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -30,13 +31,27 @@ def main() -> None:
     )
     OUT.mkdir(parents=True, exist_ok=True)
     exported = OUT / "model.onnx"
-    torch.onnx.export(model, (torch.randn(8, 2),), str(exported), input_names=["features"], output_names=["logits"],
-                      dynamic_axes={"features": {0: "batch"}, "logits": {0: "batch"}}, dynamo=False, opset_version=17)
+    torch.onnx.export(
+        model,
+        (torch.randn(8, 2),),
+        str(exported),
+        input_names=["features"],
+        output_names=["logits"],
+        dynamic_axes={"features": {0: "batch"}, "logits": {0: "batch"}},
+        dynamo=False,
+        opset_version=17,
+    )
     proto = onnx.load(str(exported))
     exported.unlink()
     params = [init.name for init in proto.graph.initializer]
-    artifacts.generate_artifacts(proto, requires_grad=params, frozen_params=[], loss=artifacts.LossType.CrossEntropyLoss,
-                                 optimizer=artifacts.OptimType.AdamW, artifact_directory=str(OUT))
+    artifacts.generate_artifacts(
+        proto,
+        requires_grad=params,
+        frozen_params=[],
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=str(OUT),
+    )
     for name in ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx"):
         model_proto = onnx.load(str(OUT / name))
         model_proto.ir_version = min(model_proto.ir_version, MAX_IR_VERSION)

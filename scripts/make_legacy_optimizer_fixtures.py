@@ -26,6 +26,7 @@ step counts exactly; provenance.json records the largest difference.
 
 Usage:  python scripts/make_legacy_optimizer_fixtures.py [--out tests/fixtures/legacy_optimizers]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,10 +52,24 @@ f32 = np.float32
 # ORT's CPU build takes Eigen's vectorised sqrt, which is not always correctly rounded (measured: 1 ulp
 # low on some elements); numpy's is.  Agreement with ORT's kernels is therefore checked to these bounds.
 ORT_RTOL, ORT_ATOL = 1e-6, 1e-8
-ADAM_DEFAULTS = {"alpha": 0.9, "beta": 0.999, "lambda": 0.0, "epsilon": 1e-8, "do_bias_correction": 1,
-                 "weight_decay_mode": 0}                                       # optimizers.h, AdamOptimizer schema
-LAMB_DEFAULTS = {"alpha": 0.9, "beta": 0.999, "lambda": 0.0, "epsilon": 1e-6, "max_norm_clip": 1.0,
-                 "ratio_min": -math.inf, "ratio_max": math.inf, "do_bias_correction": 0}  # lamb_optimizer_builder.cc
+ADAM_DEFAULTS = {
+    "alpha": 0.9,
+    "beta": 0.999,
+    "lambda": 0.0,
+    "epsilon": 1e-8,
+    "do_bias_correction": 1,
+    "weight_decay_mode": 0,
+}  # optimizers.h, AdamOptimizer schema
+LAMB_DEFAULTS = {
+    "alpha": 0.9,
+    "beta": 0.999,
+    "lambda": 0.0,
+    "epsilon": 1e-6,
+    "max_norm_clip": 1.0,
+    "ratio_min": -math.inf,
+    "ratio_max": math.inf,
+    "do_bias_correction": 0,
+}  # lamb_optimizer_builder.cc
 
 
 def bias_correction(coefficient: np.float32, step: int) -> np.float32:
@@ -152,13 +167,26 @@ def trajectory(scenario: Dict[str, Any]) -> Dict[str, np.ndarray]:
             elif name == "AdamOptimizer":
                 count = int(state[f"Update_Count_{weight}"][0])
                 (state[weight], state[f"Moment_1_{weight}"], state[f"Moment_2_{weight}"], count) = adam_cpu(
-                    state[weight], g, state[f"Moment_1_{weight}"], state[f"Moment_2_{weight}"], count, eta,
-                    attrs[weight])
+                    state[weight],
+                    g,
+                    state[f"Moment_1_{weight}"],
+                    state[f"Moment_2_{weight}"],
+                    count,
+                    eta,
+                    attrs[weight],
+                )
                 state[f"Update_Count_{weight}"] = np.array([count], np.int64)
             else:
                 state[weight], state[f"Moment_1_{weight}"], state[f"Moment_2_{weight}"] = lamb(
-                    state[weight], g, state[f"Moment_1_{weight}"], state[f"Moment_2_{weight}"],
-                    int(state["Step"][0]), eta, attrs[weight], g_norm)
+                    state[weight],
+                    g,
+                    state[f"Moment_1_{weight}"],
+                    state[f"Moment_2_{weight}"],
+                    int(state["Step"][0]),
+                    eta,
+                    attrs[weight],
+                    g_norm,
+                )
         if name == "LambOptimizer":
             state["Step"] = state["Step"] + 1
         out.update((f"{update}/{key}", value.copy()) for key, value in state.items())
@@ -183,8 +211,10 @@ def main() -> None:
                     continue
                 worst = max(worst, float(np.max(np.abs(ours[key].astype(np.float64) - value))))
                 if not np.allclose(ours[key], value, rtol=ORT_RTOL, atol=ORT_ATOL):
-                    raise SystemExit(f"{scenario['name']}: the transcription differs from ORT's CPU kernel at {key}: "
-                                     f"max |diff| {np.max(np.abs(ours[key] - value))}")
+                    raise SystemExit(
+                        f"{scenario['name']}: the transcription differs from ORT's CPU kernel at {key}: "
+                        f"max |diff| {np.max(np.abs(ours[key] - value))}"
+                    )
             checked[scenario["name"]] = worst
         arrays.update((f"{scenario['name']}/{key}", value) for key, value in ours.items())
     out = pathlib.Path(args.out)
@@ -192,14 +222,21 @@ def main() -> None:
     np.savez_compressed(out / "trajectories.npz", **arrays)
     try:
         import onnxruntime
+
         ort = f"onnxruntime-training {onnxruntime.__version__}"
     except ImportError:
         ort = None
-    (out / "provenance.json").write_text(json.dumps({
-        "scenarios": [s["name"] for s in SCENARIOS],
-        "max_abs_diff_to_ort_cpu_kernels": checked,
-        "ort": ort,
-    }, indent=1) + "\n")
+    (out / "provenance.json").write_text(
+        json.dumps(
+            {
+                "scenarios": [s["name"] for s in SCENARIOS],
+                "max_abs_diff_to_ort_cpu_kernels": checked,
+                "ort": ort,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"wrote {len(arrays)} arrays to {out}; max |diff| to {ort}'s CPU kernels: {checked}")
 
 

@@ -27,6 +27,7 @@ Model opset: a schema version valid over opsets [v, next) is tested at the first
 that range (>= 8 otherwise, else v): ORT 1.19.2's gradient builder emits nodes that are
 invalid below opset 8 (Expand), so nothing below 8 trains in ORT (measured).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -122,9 +123,13 @@ def _initializer(name: str, value: np.ndarray) -> onnx.TensorProto:
     return numpy_helper.from_array(value, name)
 
 
-def build_model(case: Case, opsets: Dict[str, int], values: List[Optional[np.ndarray]],
-                chain_values: List[np.ndarray], captured_values: List[np.ndarray]
-                ) -> Tuple[onnx.ModelProto, List[str], Dict[str, np.ndarray]]:
+def build_model(
+    case: Case,
+    opsets: Dict[str, int],
+    values: List[Optional[np.ndarray]],
+    chain_values: List[np.ndarray],
+    captured_values: List[np.ndarray],
+) -> Tuple[onnx.ModelProto, List[str], Dict[str, np.ndarray]]:
     """The one-op model; returns it, the graph input names and every named input value."""
     names, inputs, initializers, named = [], [], [], {}
     for index, (spec, value) in enumerate(zip(case.inputs, values)):
@@ -158,8 +163,9 @@ def build_model(case: Case, opsets: Dict[str, int], values: List[Optional[np.nda
             op, attrs = case.chain["then"]
             nodes.append(helper.make_node(op, ["z0"], ["z1"], **attrs))
             outputs = ["z1"]
-    graph = helper.make_graph(nodes, case.op, inputs, [helper.make_empty_tensor_value_info(o) for o in outputs],
-                              initializer=initializers)
+    graph = helper.make_graph(
+        nodes, case.op, inputs, [helper.make_empty_tensor_value_info(o) for o in outputs], initializer=initializers
+    )
     imports = [helper.make_opsetid(domain, version) for domain, version in opsets.items()]
     model = helper.make_model(graph, opset_imports=imports, producer_name="make_op_coverage")
     model.ir_version = _ir_version(opsets[""])
@@ -233,9 +239,14 @@ def _short(error: BaseException) -> str:
     return text[:300]
 
 
-def training_base(model: onnx.ModelProto, named: Dict[str, np.ndarray], trainable: List[str],
-                  float_outputs: List[Tuple[str, np.ndarray]], rng: np.random.Generator,
-                  feeders: bool = False) -> onnx.ModelProto:
+def training_base(
+    model: onnx.ModelProto,
+    named: Dict[str, np.ndarray],
+    trainable: List[str],
+    float_outputs: List[Tuple[str, np.ndarray]],
+    rng: np.random.Generator,
+    feeders: bool = False,
+) -> onnx.ModelProto:
     """The one-op model with `trainable` inputs as initializers and the weighted-sum loss.
 
     `feeders` puts `Mul(p, 1)` between each parameter and the op: ORT 1.19.2 segfaults building
@@ -264,8 +275,11 @@ def training_base(model: onnx.ModelProto, named: Dict[str, np.ndarray], trainabl
         total = f"loss_t{index}"
     base.graph.node[-1].output[0] = "loss"
     del base.graph.output[:]
-    base.graph.output.append(helper.make_tensor_value_info("loss", float_outputs[0][1].dtype == np.float64
-                                                           and TensorProto.DOUBLE or TensorProto.FLOAT, []))
+    base.graph.output.append(
+        helper.make_tensor_value_info(
+            "loss", float_outputs[0][1].dtype == np.float64 and TensorProto.DOUBLE or TensorProto.FLOAT, []
+        )
+    )
     return base
 
 
@@ -277,8 +291,14 @@ def _artifacts(base: onnx.ModelProto, trainable: List[str], directory: str) -> s
 
     try:
         with quiet_stderr():
-            artifacts.generate_artifacts(base, requires_grad=trainable, frozen_params=[], loss=None,
-                                         optimizer=artifacts.OptimType.SGD, artifact_directory=directory)
+            artifacts.generate_artifacts(
+                base,
+                requires_grad=trainable,
+                frozen_params=[],
+                loss=None,
+                optimizer=artifacts.OptimType.SGD,
+                artifact_directory=directory,
+            )
         how = "generate_artifacts"
     except onnx.checker.ValidationError:
         # onnx.checker does not know ORT's own ai.onnx schemas (LayerNormalization below 17,
@@ -325,9 +345,17 @@ def cut_training_forward(training: onnx.ModelProto, user: List[str], trainable: 
     return model
 
 
-def record_gradient(case: Case, model: onnx.ModelProto, named: Dict[str, np.ndarray], graph_inputs: List[str],
-                    outputs: Dict[str, np.ndarray], rng: np.random.Generator, entry: dict, store: dict,
-                    feeders: bool = False) -> None:
+def record_gradient(
+    case: Case,
+    model: onnx.ModelProto,
+    named: Dict[str, np.ndarray],
+    graph_inputs: List[str],
+    outputs: Dict[str, np.ndarray],
+    rng: np.random.Generator,
+    entry: dict,
+    store: dict,
+    feeders: bool = False,
+) -> None:
     candidates = [n for n in graph_inputs if named[n].dtype.kind == "f"]
     float_outputs = [(n, v) for n, v in outputs.items() if np.asarray(v).dtype.kind == "f"]
     if not candidates or not float_outputs:
@@ -365,8 +393,13 @@ def record_gradient(case: Case, model: onnx.ModelProto, named: Dict[str, np.ndar
         store[f"{key}/grad/{name}"] = grad
     if feeders:  # Mul(p, 1) feeds each parameter: ORT segfaults when it is a pool's input itself
         how += "+feeders"
-    entry.update(ort_gradient="ok", trainable=trainable, train_inputs=user, gradient_builder=how,
-                 training_ops=sorted({f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in forward.graph.node}))
+    entry.update(
+        ort_gradient="ok",
+        trainable=trainable,
+        train_inputs=user,
+        gradient_builder=how,
+        training_ops=sorted({f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in forward.graph.node}),
+    )
 
 
 def in_child(function, *args):
@@ -416,24 +449,41 @@ def record_case_isolated(case_id: str, case: Case, opsets: Dict[str, int], versi
         try:
             entry, store = in_child(run, None)
         except OrtCrash as again:
-            entry = {"id": case_id, "op": case.op, "domain": case.domain or "ai.onnx", "version": version,
-                     "opsets": opsets, "variant": case.variant, "ort_forward": str(again), "ort_gradient": "n/a"}
+            entry = {
+                "id": case_id,
+                "op": case.op,
+                "domain": case.domain or "ai.onnx",
+                "version": version,
+                "opsets": opsets,
+                "variant": case.variant,
+                "ort_forward": str(again),
+                "ort_gradient": "n/a",
+            }
             return entry, {}
         entry["ort_gradient"] = f"ORT cannot train it: {crash} when building the training Module"
         return entry, store
 
 
-def record_case(case_id: str, case: Case, opsets: Dict[str, int], version: int, store: dict,
-                gradient: Optional[str] = "direct") -> dict:
+def record_case(
+    case_id: str, case: Case, opsets: Dict[str, int], version: int, store: dict, gradient: Optional[str] = "direct"
+) -> dict:
     rng = np.random.default_rng(zlib.crc32(case_id.encode()))
     values = [spec.make(rng) for spec in case.inputs]
     chain_values = [spec.make(rng) for spec in (case.chain or {}).get("extra", [])]
     captured_values = [spec.make(rng) for spec in case.captured]
     model, graph_inputs, named = build_model(case, opsets, values, chain_values, captured_values)
     entry = {
-        "id": case_id, "op": case.op, "domain": case.domain or "ai.onnx", "version": version, "opsets": opsets,
-        "variant": case.variant, "inputs": [f"x{i}" if v is not None else "" for i, v in enumerate(values)],
-        "graph_inputs": graph_inputs, "stochastic": case.stochastic, "rtol": case.rtol, "atol": case.atol,
+        "id": case_id,
+        "op": case.op,
+        "domain": case.domain or "ai.onnx",
+        "version": version,
+        "opsets": opsets,
+        "variant": case.variant,
+        "inputs": [f"x{i}" if v is not None else "" for i, v in enumerate(values)],
+        "graph_inputs": graph_inputs,
+        "stochastic": case.stochastic,
+        "rtol": case.rtol,
+        "atol": case.atol,
     }
     feeds = {name: named[name] for name in graph_inputs}
     try:
@@ -482,15 +532,20 @@ def record(only: Optional[str]) -> None:
         """Re-recorded now, or no longer a case."""
         return pattern is None or bool(pattern.search(case_id)) or case_id not in current
 
-    kept = [case for case in op_replay.load_manifest() if not replaced(case["id"])] \
-        if only and op_replay.MANIFEST.exists() else []
+    kept = (
+        [case for case in op_replay.load_manifest() if not replaced(case["id"])]
+        if only and op_replay.MANIFEST.exists()
+        else []
+    )
     entries, stores = [], defaultdict(dict)
     for count, (case_id, case, opsets, version) in enumerate(selected, 1):
         entry, store = record_case_isolated(case_id, case, opsets, version)
         entries.append(entry)
         stores[op_replay.fixture_file(entry)].update(store)
-        print(f"[{count}/{len(selected)}] {case_id}: forward {entry['ort_forward']}; gradient {entry['ort_gradient'][:80]}",
-              flush=True)
+        print(
+            f"[{count}/{len(selected)}] {case_id}: forward {entry['ort_forward']}; gradient {entry['ort_gradient'][:80]}",
+            flush=True,
+        )
     for name in {op_replay.fixture_file(entry) for entry in entries}:
         path = FIXTURES / name
         merged = {}
@@ -525,12 +580,16 @@ def replay_all() -> List[Tuple[dict, op_replay.Outcome, op_replay.Outcome]]:
 
 def _ort_gradient_reason(status: str) -> str:
     """ORT's reason for not training a case, in a few words."""
-    rules = [("has not been registered", "no gradient builder in ORT"), ("no float input", "no float input"),
-             ("no float output", "no float output"), ("random output", "random output"),
-             ("ORT crashed", "ORT crashes building the Module"),
-             ("Sequence lengths input tensor", "no sequence_lens in ORT's training kernels"),
-             ("kForward", "only the forward direction in ORT's training kernels"),
-             ("domain_version of 7", "ORT's gradient graph is invalid below opset 8")]
+    rules = [
+        ("has not been registered", "no gradient builder in ORT"),
+        ("no float input", "no float input"),
+        ("no float output", "no float output"),
+        ("random output", "random output"),
+        ("ORT crashed", "ORT crashes building the Module"),
+        ("Sequence lengths input tensor", "no sequence_lens in ORT's training kernels"),
+        ("kForward", "only the forward direction in ORT's training kernels"),
+        ("domain_version of 7", "ORT's gradient graph is invalid below opset 8"),
+    ]
     for needle, short in rules:
         if needle in status:
             return short
@@ -577,20 +636,30 @@ def write_doc(results) -> None:
             notes.append(f"ORT 1.19.2 does not run version {', '.join(map(str, skipped))}")
         if gradient and not gradient.startswith("ORT:") and not_trained:
             variants = sorted({c["variant"] for c, _, g in run if g.status == "none"})
-            listed = ", ".join(variants) if len(variants) <= 6 else ", ".join(variants[:6]) + f" and {len(variants) - 6} more"
+            listed = (
+                ", ".join(variants)
+                if len(variants) <= 6
+                else ", ".join(variants[:6]) + f" and {len(variants) - 6} more"
+            )
             notes.append(f"ORT cannot train {listed} ({'; '.join(not_trained)[:120]})")
-        for table, label in ((op_replay.ORT_GRADIENT_QUIRKS, "ORT gradient quirk, reproduced"),
-                             (op_replay.ORT_GRADIENT_WRONG, "ORT's gradient is wrong, ours checked against finite differences")):
+        for table, label in (
+            (op_replay.ORT_GRADIENT_QUIRKS, "ORT gradient quirk, reproduced"),
+            (op_replay.ORT_GRADIENT_WRONG, "ORT's gradient is wrong, ours checked against finite differences"),
+        ):
             reasons = sorted({op_replay.matching(table, c["id"]) for c, _, _ in run} - {""})
             notes += [f"{label}: {reason}" for reason in reasons]
         label = ", ".join(map(str, versions)) if domain == "ai.onnx" else "1"
-        rows.append(f"| {domain} | {name} | {label} | {', '.join(map(str, opsets))} | {len(run)} | {forward} | {gradient} | "
-                    f"{'; '.join(notes)} |")
+        rows.append(
+            f"| {domain} | {name} | {label} | {', '.join(map(str, opsets))} | {len(run)} | {forward} | {gradient} | "
+            f"{'; '.join(notes)} |"
+        )
         for case, forward_outcome, gradient_outcome in run:
             for kind, outcome in (("forward", forward_outcome), ("gradient", gradient_outcome)):
                 if outcome.status in ("fail", "unsupported"):
-                    details.append(f"- `{case['id']}` {kind}: {'FAIL' if outcome.status == 'fail' else 'clear error'}: "
-                                   f"{outcome.detail[:220]}")
+                    details.append(
+                        f"- `{case['id']}` {kind}: {'FAIL' if outcome.status == 'fail' else 'clear error'}: "
+                        f"{outcome.detail[:220]}"
+                    )
         totals["ops"] += 1
         totals["cases"] += len(run)
         totals["forward_pass"] += sum(f.status == "pass" for _, f, _ in run)
@@ -602,8 +671,8 @@ def write_doc(results) -> None:
 
 <!-- generated by scripts/make_op_coverage.py from tests/fixtures/ops/; do not edit by hand -->
 
-**{totals['ops']} ops that ORT 1.19.2 runs, {totals['cases']} cases: forward
-{totals['forward_pass']}/{totals['cases']} pass, gradients {totals['gradient_pass']}/{totals['gradient_cases']} pass (of the
+**{totals["ops"]} ops that ORT 1.19.2 runs, {totals["cases"]} cases: forward
+{totals["forward_pass"]}/{totals["cases"]} pass, gradients {totals["gradient_pass"]}/{totals["gradient_cases"]} pass (of the
 cases ORT itself can train).**
 
 ## What is tested

@@ -28,6 +28,7 @@ tests/fixtures/ort_format/qdq_runtime_records/model.with_runtime_opt.ort: a smal
 QuantizeLinear/DequantizeLinear -> Conv model whose Runtime-style conversion does carry
 records, to test that such files are refused by name.
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -40,15 +41,24 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 OUT = FIXTURES / "ort_format"
 # CNN with BatchNorm + SGD, transformer + AdamW, LSTM, GRU + SGD, frozen parameters, MLP.
-SOURCES = ["mlp_mse_adamw_op17", "cnn_mse_sgd_op17", "transformer_ce_adamw_op17", "lstm_bce_adamw_op17",
-           "gru_ce_sgd_op17", "frozen_mse_adamw_op17"]
+SOURCES = [
+    "mlp_mse_adamw_op17",
+    "cnn_mse_sgd_op17",
+    "transformer_ce_adamw_op17",
+    "lstm_bce_adamw_op17",
+    "gru_ce_sgd_op17",
+    "frozen_mse_adamw_op17",
+]
 SOURCES_WITH_RUNTIME = ["mlp_mse_adamw_op17"]
 MODELS = ["training_model", "eval_model", "optimizer_model"]
 
 
 def convert(folder: pathlib.Path) -> None:
-    subprocess.run([sys.executable, "-m", "onnxruntime.tools.convert_onnx_models_to_ort", str(folder)],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "onnxruntime.tools.convert_onnx_models_to_ort", str(folder)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def records(path: pathlib.Path) -> dict:
@@ -85,18 +95,30 @@ def make_qdq(scratch: pathlib.Path) -> None:
 
     rng = np.random.default_rng(0)
     weight = rng.integers(-20, 20, size=(4, 3, 3, 3)).astype(np.int8)
-    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s"), numpy_helper.from_array(np.array(0, np.uint8), "z"),
-             numpy_helper.from_array(weight, "w_q"), numpy_helper.from_array(np.array(0.02, np.float32), "ws"),
-             numpy_helper.from_array(np.array(0, np.int8), "wz"), numpy_helper.from_array(np.array(0.1, np.float32), "ys"),
-             numpy_helper.from_array(np.array(128, np.uint8), "yz")]
-    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["x_q"]),
-             helper.make_node("DequantizeLinear", ["x_q", "s", "z"], ["x_dq"]),
-             helper.make_node("DequantizeLinear", ["w_q", "ws", "wz"], ["w_dq"]),
-             helper.make_node("Conv", ["x_dq", "w_dq"], ["y"], pads=[1, 1, 1, 1]),
-             helper.make_node("QuantizeLinear", ["y", "ys", "yz"], ["y_q"]),
-             helper.make_node("DequantizeLinear", ["y_q", "ys", "yz"], ["out"])]
-    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    inits = [
+        numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+        numpy_helper.from_array(np.array(0, np.uint8), "z"),
+        numpy_helper.from_array(weight, "w_q"),
+        numpy_helper.from_array(np.array(0.02, np.float32), "ws"),
+        numpy_helper.from_array(np.array(0, np.int8), "wz"),
+        numpy_helper.from_array(np.array(0.1, np.float32), "ys"),
+        numpy_helper.from_array(np.array(128, np.uint8), "yz"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["x_q"]),
+        helper.make_node("DequantizeLinear", ["x_q", "s", "z"], ["x_dq"]),
+        helper.make_node("DequantizeLinear", ["w_q", "ws", "wz"], ["w_dq"]),
+        helper.make_node("Conv", ["x_dq", "w_dq"], ["y"], pads=[1, 1, 1, 1]),
+        helper.make_node("QuantizeLinear", ["y", "ys", "yz"], ["y_q"]),
+        helper.make_node("DequantizeLinear", ["y_q", "ys", "yz"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 8, 8])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     work = scratch / "qdq"
@@ -125,11 +147,15 @@ def make_attributes(scratch: pathlib.Path) -> None:
 
     def branch(name: str, op: str) -> onnx.GraphProto:
         node = helper.make_node(op, ["h", "bias"], [f"{name}_out"])
-        return helper.make_graph([node], name, [], [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT,
-                                                                                   [2, 3])])
+        return helper.make_graph(
+            [node], name, [], [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [2, 3])]
+        )
 
-    sparse = helper.make_sparse_tensor(numpy_helper.from_array(np.array([1.5, -2.0], np.float32), "sp"),
-                                       numpy_helper.from_array(np.array([1, 4], np.int64), "sp_idx"), [2, 3])
+    sparse = helper.make_sparse_tensor(
+        numpy_helper.from_array(np.array([1.5, -2.0], np.float32), "sp"),
+        numpy_helper.from_array(np.array([1, 4], np.int64), "sp_idx"),
+        [2, 3],
+    )
     nodes = [
         helper.make_node("LeakyRelu", ["x"], ["a"], alpha=0.2),
         helper.make_node("Transpose", ["a"], ["t"], perm=[1, 0]),
@@ -142,26 +168,37 @@ def make_attributes(scratch: pathlib.Path) -> None:
         helper.make_node("Mul", ["h", "scales"], ["m"]),
         helper.make_node("ReduceSum", ["m"], ["total"], keepdims=0),
         helper.make_node("Greater", ["total", "zero"], ["cond"]),
-        helper.make_node("If", ["cond"], ["branch"], then_branch=branch("then", "Add"),
-                         else_branch=branch("else", "Sub")),
+        helper.make_node(
+            "If", ["cond"], ["branch"], then_branch=branch("then", "Add"), else_branch=branch("else", "Sub")
+        ),
         helper.make_node("Reshape", ["branch", "shape"], ["reshaped"]),
         helper.make_node("Cast", ["reshaped"], ["out"], to=TensorProto.DOUBLE),
-        helper.make_node("LSTM", ["seq", "W", "R"], ["", "lstm_h"], hidden_size=2,
-                         activations=["Sigmoid", "Tanh", "Tanh"]),
+        helper.make_node(
+            "LSTM", ["seq", "W", "R"], ["", "lstm_h"], hidden_size=2, activations=["Sigmoid", "Tanh", "Tanh"]
+        ),
         helper.make_node("Identity", ["label"], ["label_out"]),
     ]
     rng = np.random.default_rng(1)
-    inits = [numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
-             numpy_helper.from_array(rng.standard_normal((1, 8, 3)).astype(np.float32), "W"),
-             numpy_helper.from_array(rng.standard_normal((1, 8, 2)).astype(np.float32), "R")]
+    inits = [
+        numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+        numpy_helper.from_array(rng.standard_normal((1, 8, 3)).astype(np.float32), "W"),
+        numpy_helper.from_array(rng.standard_normal((1, 8, 2)).astype(np.float32), "R"),
+    ]
     graph = helper.make_graph(
-        nodes, "attributes",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
-         helper.make_tensor_value_info("seq", TensorProto.FLOAT, ["steps", 1, 3])],
-        [helper.make_tensor_value_info("out", TensorProto.DOUBLE, [3, 2]),
-         helper.make_tensor_value_info("lstm_h", TensorProto.FLOAT, [1, 1, 2]),
-         helper.make_tensor_value_info("label_out", TensorProto.STRING, [])],
-        inits, sparse_initializer=[sparse])
+        nodes,
+        "attributes",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+            helper.make_tensor_value_info("seq", TensorProto.FLOAT, ["steps", 1, 3]),
+        ],
+        [
+            helper.make_tensor_value_info("out", TensorProto.DOUBLE, [3, 2]),
+            helper.make_tensor_value_info("lstm_h", TensorProto.FLOAT, [1, 1, 2]),
+            helper.make_tensor_value_info("label_out", TensorProto.STRING, []),
+        ],
+        inits,
+        sparse_initializer=[sparse],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -169,8 +206,19 @@ def make_attributes(scratch: pathlib.Path) -> None:
     work.mkdir()
     onnx.save(model, work / "model.onnx")
     environment = dict(os.environ, ORT_CONVERT_ONNX_MODELS_TO_ORT_OPTIMIZATION_LEVEL="disable")
-    subprocess.run([sys.executable, "-m", "onnxruntime.tools.convert_onnx_models_to_ort", str(work),
-                    "--optimization_style", "Fixed"], check=True, stdout=subprocess.DEVNULL, env=environment)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "onnxruntime.tools.convert_onnx_models_to_ort",
+            str(work),
+            "--optimization_style",
+            "Fixed",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        env=environment,
+    )
     target = OUT / "attributes"
     target.mkdir(parents=True, exist_ok=True)
     shutil.copy(work / "model.onnx", target)

@@ -38,6 +38,7 @@ README table.
 Needs onnxruntime-training 1.19.2, torchvision and transformers (``pip install -e ".[ort,zoo]"``).
 Each case runs in its own process: onnxblock names loss outputs with a process-global counter.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -85,7 +86,7 @@ def full_matrix() -> List[Case]:
     for recipe in zoo.RECIPES:
         for opset in (14, 17):
             for export in ("train", "eval"):
-                for stats in (("frozen", "initializer") if recipe in BN_RECIPES else ("frozen",)):
+                for stats in ("frozen", "initializer") if recipe in BN_RECIPES else ("frozen",):
                     for optimizer in ("adamw", "sgd"):
                         cases.append(Case(recipe, arts.Variant(opset, export, stats, optimizer)))
     return cases
@@ -127,7 +128,7 @@ def _fill_init(checkpoint: pathlib.Path, names: List[str]) -> Dict[str, List[flo
     for name in names:
         values = state.parameters[name].data.astype(np.float64)
         center, std = float(values.mean()), float(values.std())
-        spread = std * 3 ** 0.5 if std > 1e-12 else 0.1 * max(abs(center), 0.1)
+        spread = std * 3**0.5 if std > 1e-12 else 0.1 * max(abs(center), 0.1)
         init[name] = [float(f"{center:.8g}"), float(f"{spread:.8g}")]
     return init
 
@@ -168,8 +169,10 @@ def build_spec(case: Case, directory: pathlib.Path, info: Dict[str, Any]) -> Dic
     train = onnx.load(str(directory / "training_model.onnx"))
     params = set(info["trainable_params"]) | set(info["frozen_params"])
     order = [v.name for v in train.graph.input if v.name in params]
-    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in train.graph.input if v.name in params}
-    seed = zlib.crc32(case.name.encode()) % (2 ** 31)
+    shapes = {
+        v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in train.graph.input if v.name in params
+    }
+    seed = zlib.crc32(case.name.encode()) % (2**31)
     return {
         "name": case.name,
         "recipe": case.recipe,
@@ -225,8 +228,9 @@ def dealias(directory: pathlib.Path, frozen: set) -> int:
     for count, (index, position) in enumerate(sites):
         node = model.graph.node[index]
         copy = f"{node.input[position]}_dealias_{count}"
-        inserted.setdefault(index, []).append(helper.make_node("Mul", [node.input[position], "dealias_one"], [copy],
-                                                               name=f"dealias_{count}"))
+        inserted.setdefault(index, []).append(
+            helper.make_node("Mul", [node.input[position], "dealias_one"], [copy], name=f"dealias_{count}")
+        )
         node.input[position] = copy
     nodes = []
     for index, node in enumerate(model.graph.node):
@@ -287,7 +291,7 @@ def eager_replay(case: Case, spec: Dict[str, Any], directory: pathlib.Path, out)
         for name in spec["param_order"]:
             target = tensors[name]
             count = target.numel()
-            target.copy_(torch.from_numpy(values[offset: offset + count].astype(np.float64)).view_as(target))
+            target.copy_(torch.from_numpy(values[offset : offset + count].astype(np.float64)).view_as(target))
             offset += count
     trainable = [tensors[n] for n in spec["trainable_params"]]
     for name, param in model.named_parameters():
@@ -297,8 +301,10 @@ def eager_replay(case: Case, spec: Dict[str, Any], directory: pathlib.Path, out)
     moments = [[torch.zeros_like(p) for p in trainable] for _ in range(2)]
 
     def loss_of(batch):
-        args = [torch.from_numpy(batch[n]).double() if batch[n].dtype == np.float32 else torch.from_numpy(batch[n])
-                for n in model_inputs]
+        args = [
+            torch.from_numpy(batch[n]).double() if batch[n].dtype == np.float32 else torch.from_numpy(batch[n])
+            for n in model_inputs
+        ]
         output = model(*args)
         if spec["loss"] == "ce":
             return F.cross_entropy(output, torch.from_numpy(batch["labels"]))
@@ -320,9 +326,21 @@ def eager_replay(case: Case, spec: Dict[str, Any], directory: pathlib.Path, out)
         if attrs["op_type"] == "SGDOptimizerV2":
             sgd_step(trainable, grads, lr=spec["lr"])
         else:
-            adamw_step(trainable, grads, moments[0], moments[1], lr=spec["lr"], step=k, alpha=attrs["alpha"],
-                       beta=attrs["beta"], epsilon=attrs["epsilon"], weight_decay=attrs["weight_decay"],
-                       adam_mode=int(attrs["adam_mode"]), correct_bias=bool(attrs["correct_bias"]), fused=False)
+            adamw_step(
+                trainable,
+                grads,
+                moments[0],
+                moments[1],
+                lr=spec["lr"],
+                step=k,
+                alpha=attrs["alpha"],
+                beta=attrs["beta"],
+                epsilon=attrs["epsilon"],
+                weight_decay=attrs["weight_decay"],
+                adam_mode=int(attrs["adam_mode"]),
+                correct_bias=bool(attrs["correct_bias"]),
+                fused=False,
+            )
         for name in spec["param_order"]:
             out[f"step{k}/param/{name}"] = tensors[name].detach().numpy()
     model.eval()
@@ -413,17 +431,25 @@ def run_case(case: Case, out_root: pathlib.Path) -> Dict[str, Any]:
             records["anchor"] = dict(eager)
             spec["anchor"] = "eager_float64"
         else:
-            raise RuntimeError("no anchor: ORT cannot train this model, and the eager model has no twin of the "
-                               "eval-mode export's de-duplicated BatchNorm tensors")
+            raise RuntimeError(
+                "no anchor: ORT cannot train this model, and the eager model has no twin of the "
+                "eval-mode export's de-duplicated BatchNorm tensors"
+            )
 
         stage = "float64 replay"
         records["f64"] = dict(scenario.run_scenario(FLOAT64_API, work, spec, rule.CondensedRecord()))
         stage = "perturbed float64 replays"
-        perturbed = {f"perturbed{seed}": dict(scenario.run_scenario(
-            FLOAT64_API, work, dict(spec, fill=dict(spec["fill"], perturb=seed)), rule.CondensedRecord()))
-            for seed in PERTURBATION_SEEDS}
-        spec["well_conditioned"] = all(rule.well_conditioned(record, records["f64"], spec)
-                                       for record in [records["anchor"], *perturbed.values()])
+        perturbed = {
+            f"perturbed{seed}": dict(
+                scenario.run_scenario(
+                    FLOAT64_API, work, dict(spec, fill=dict(spec["fill"], perturb=seed)), rule.CondensedRecord()
+                )
+            )
+            for seed in PERTURBATION_SEEDS
+        }
+        spec["well_conditioned"] = all(
+            rule.well_conditioned(record, records["f64"], spec) for record in [records["anchor"], *perturbed.values()]
+        )
         if not spec["well_conditioned"]:
             records.update(perturbed)
         first, _ = rule.split_keys(records["anchor"])
@@ -447,8 +473,14 @@ def run_case(case: Case, out_root: pathlib.Path) -> Dict[str, Any]:
         stored.update({name: rule.for_fixture(records[name], False, step1=False) for name in ["f64", *perturbed]})
         if "eager_step1" in records:
             stored["eager_step1"] = rule.for_fixture(records["eager_step1"], False)
-        again = rule.judge(actual, stored["anchor"], stored["f64"], spec,
-                           {name: stored[name] for name in perturbed}, stored.get("eager_step1"))
+        again = rule.judge(
+            actual,
+            stored["anchor"],
+            stored["f64"],
+            spec,
+            {name: stored[name] for name in perturbed},
+            stored.get("eager_step1"),
+        )
         if again["parity"] != verdict["parity"]:
             raise RuntimeError(f"the stored subset changes the verdict: {verdict} -> {again}")
 
@@ -464,13 +496,25 @@ def run_case(case: Case, out_root: pathlib.Path) -> Dict[str, Any]:
         (target / "spec.json").write_text(json.dumps(spec, indent=1) + "\n")
         save_npz(target / "expected.npz", rule.pack(stored))
         losses = lambda record: [float(record[f"step{k}/call1/loss"]) for k in range(1, STEPS + 1)]  # noqa: E731
-        result.update(ok=True, anchor=spec["anchor"], well_conditioned=spec["well_conditioned"], verdict=verdict,
-                      anchor_losses=losses(records["anchor"]), f64_losses=losses(records["f64"]),
-                      ours_losses=losses(actual), timings=timings, ort_quirk=spec.get("ort_quirk"),
-                      kbytes=round(sum(f.stat().st_size for f in target.iterdir()) / 1024, 1))
+        result.update(
+            ok=True,
+            anchor=spec["anchor"],
+            well_conditioned=spec["well_conditioned"],
+            verdict=verdict,
+            anchor_losses=losses(records["anchor"]),
+            f64_losses=losses(records["f64"]),
+            ours_losses=losses(actual),
+            timings=timings,
+            ort_quirk=spec.get("ort_quirk"),
+            kbytes=round(sum(f.stat().st_size for f in target.iterdir()) / 1024, 1),
+        )
     except BaseException as error:  # noqa: BLE001 - recorded in summary.json, not hidden
-        result.update(ok=False, stage=stage, error=f"{type(error).__name__}: {str(error)[:2000]}",
-                      traceback=traceback.format_exc()[-3000:])
+        result.update(
+            ok=False,
+            stage=stage,
+            error=f"{type(error).__name__}: {str(error)[:2000]}",
+            traceback=traceback.format_exc()[-3000:],
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return result
@@ -486,9 +530,14 @@ def _spawn(case: Case, out_root: pathlib.Path, timeout: float) -> Dict[str, Any]
         return {"case": case.name, "ok": False, "stage": "subprocess", "error": f"timed out after {timeout}s"}
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    return {"case": case.name, "ok": False, "stage": "subprocess",
-            "error": f"worker exited with {done.returncode}", "traceback": done.stderr[-3000:]}
+            return json.loads(line[len("RESULT ") :])
+    return {
+        "case": case.name,
+        "ok": False,
+        "stage": "subprocess",
+        "error": f"worker exited with {done.returncode}",
+        "traceback": done.stderr[-3000:],
+    }
 
 
 def _write_summary(out_root: pathlib.Path, results: Dict[str, Dict[str, Any]]) -> None:
@@ -497,9 +546,15 @@ def _write_summary(out_root: pathlib.Path, results: Dict[str, Dict[str, Any]]) -
     summary.update(results)
     import onnxruntime
     import torch
-    path.write_text(json.dumps({k: summary[k] for k in sorted(summary) if k != "_versions"} |
-                               {"_versions": {"onnxruntime": onnxruntime.__version__, "torch": torch.__version__}},
-                               indent=1) + "\n")
+
+    path.write_text(
+        json.dumps(
+            {k: summary[k] for k in sorted(summary) if k != "_versions"}
+            | {"_versions": {"onnxruntime": onnxruntime.__version__, "torch": torch.__version__}},
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -530,9 +585,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         futures = {c.name: pool.submit(_spawn, c, args.out.resolve(), args.timeout) for c in cases}
         for name, future in futures.items():
             result = results[name] = future.result()
-            status = (f"{result['verdict']['parity']} ({result['anchor']}, "
-                      f"{'well conditioned' if result['well_conditioned'] else 'trajectory rule'})"
-                      if result.get("ok") else f"FAILED at {result.get('stage')}: {result.get('error', '')[:300]}")
+            status = (
+                f"{result['verdict']['parity']} ({result['anchor']}, "
+                f"{'well conditioned' if result['well_conditioned'] else 'trajectory rule'})"
+                if result.get("ok")
+                else f"FAILED at {result.get('stage')}: {result.get('error', '')[:300]}"
+            )
             print(f"[{time.time() - started:7.1f}s] {name}: {status}", flush=True)
     _write_summary(args.out, results)
     return 0 if all(r.get("ok") for r in results.values()) else 1

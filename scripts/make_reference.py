@@ -23,6 +23,7 @@ Usage::
 
     python scripts/make_reference.py [--only GLOB[,GLOB...]] [--out tests/fixtures] [--jobs 2] [--list]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,41 +84,136 @@ def all_configs() -> List[Config]:
     for op in (13, 14, 18, 21):
         cfgs.append(Config(f"mlp_mse_adamw_op{op}", "mlp", "mse", "adamw", op))
     cfgs += [
-        Config("mlp_mse_adamw_addout_op17", "mlp", "mse", "adamw", 17,
-               {"additional_output_names": ["@Tanh", "y"]},
-               "additional_output_names = [output of the Tanh node, model output 'y']"),
-        Config("mlp_ce_adamw_addout_op17", "mlp", "ce", "adamw", 17,
-               {"additional_output_names": ["y"]}, "CE loss plus the logits as additional output"),
-        Config("twoout_mse_adamw_lossinput_op17", "twoout", "mse", "adamw", 17,
-               {"loss_input_names": ["y"]},
-               "model has outputs (y, aux); loss_input_names=['y'] so MSE(y, target)"),
-        Config("twoout_mse_adamw_lossinput_addout_op17", "twoout", "mse", "adamw", 17,
-               {"loss_input_names": ["y"], "additional_output_names": ["aux"]},
-               "loss_input_names=['y'] and additional_output_names=['aux']"),
-        Config("twoout_mse_adamw_op17", "twoout", "mse", "adamw", 17, {},
-               "model has outputs (y, aux), no loss_input_names: MSE(y, aux), no target input"),
-        Config("mlp_mse_adamw_wd_op17", "mlp", "mse", "adamw", 17, {"weight_decay": 0.01},
-               "onnxblock.optim.AdamW(weight_decay=0.01)"),
-        Config("frozen_mse_adamw_wd_op17", "frozen", "mse", "adamw", 17, {"weight_decay": 0.01},
-               "weight decay with frozen params"),
-        Config("mlp_mse_adamw_nobias_op17", "mlp", "mse", "adamw", 17, {"bias_correction": False},
-               "onnxblock.optim.AdamW(bias_correction=False): AdamWOptimizer correct_bias=0"),
-        Config("mlp_mse_adamw_mode0_op17", "mlp", "mse", "adamw", 17, {"adam_mode": 0},
-               "AdamWOptimizer attribute adam_mode hand-edited to 0 (torch mode)"),
-        Config("mlp_mse_adamw_mode0_wd_op17", "mlp", "mse", "adamw", 17,
-               {"adam_mode": 0, "weight_decay": 0.01},
-               "adam_mode=0 and weight_decay=0.01 (decay applied before the update)"),
-        Config("mlp_mse_adamw_nominal_op17", "mlp", "mse", "adamw", 17, {"nominal": True},
-               "generate_artifacts(nominal_checkpoint=True); module on nominal_checkpoint filled with "
-               "copy_buffer_to_parameters(real buffer, trainable_only=False)"),
-        Config("cnn_mse_sgd_nominal_op17", "cnn", "mse", "sgd", 17, {"nominal": True},
-               "nominal checkpoint with frozen BN running stats"),
+        Config(
+            "mlp_mse_adamw_addout_op17",
+            "mlp",
+            "mse",
+            "adamw",
+            17,
+            {"additional_output_names": ["@Tanh", "y"]},
+            "additional_output_names = [output of the Tanh node, model output 'y']",
+        ),
+        Config(
+            "mlp_ce_adamw_addout_op17",
+            "mlp",
+            "ce",
+            "adamw",
+            17,
+            {"additional_output_names": ["y"]},
+            "CE loss plus the logits as additional output",
+        ),
+        Config(
+            "twoout_mse_adamw_lossinput_op17",
+            "twoout",
+            "mse",
+            "adamw",
+            17,
+            {"loss_input_names": ["y"]},
+            "model has outputs (y, aux); loss_input_names=['y'] so MSE(y, target)",
+        ),
+        Config(
+            "twoout_mse_adamw_lossinput_addout_op17",
+            "twoout",
+            "mse",
+            "adamw",
+            17,
+            {"loss_input_names": ["y"], "additional_output_names": ["aux"]},
+            "loss_input_names=['y'] and additional_output_names=['aux']",
+        ),
+        Config(
+            "twoout_mse_adamw_op17",
+            "twoout",
+            "mse",
+            "adamw",
+            17,
+            {},
+            "model has outputs (y, aux), no loss_input_names: MSE(y, aux), no target input",
+        ),
+        Config(
+            "mlp_mse_adamw_wd_op17",
+            "mlp",
+            "mse",
+            "adamw",
+            17,
+            {"weight_decay": 0.01},
+            "onnxblock.optim.AdamW(weight_decay=0.01)",
+        ),
+        Config(
+            "frozen_mse_adamw_wd_op17",
+            "frozen",
+            "mse",
+            "adamw",
+            17,
+            {"weight_decay": 0.01},
+            "weight decay with frozen params",
+        ),
+        Config(
+            "mlp_mse_adamw_nobias_op17",
+            "mlp",
+            "mse",
+            "adamw",
+            17,
+            {"bias_correction": False},
+            "onnxblock.optim.AdamW(bias_correction=False): AdamWOptimizer correct_bias=0",
+        ),
+        Config(
+            "mlp_mse_adamw_mode0_op17",
+            "mlp",
+            "mse",
+            "adamw",
+            17,
+            {"adam_mode": 0},
+            "AdamWOptimizer attribute adam_mode hand-edited to 0 (torch mode)",
+        ),
+        Config(
+            "mlp_mse_adamw_mode0_wd_op17",
+            "mlp",
+            "mse",
+            "adamw",
+            17,
+            {"adam_mode": 0, "weight_decay": 0.01},
+            "adam_mode=0 and weight_decay=0.01 (decay applied before the update)",
+        ),
+        Config(
+            "mlp_mse_adamw_nominal_op17",
+            "mlp",
+            "mse",
+            "adamw",
+            17,
+            {"nominal": True},
+            "generate_artifacts(nominal_checkpoint=True); module on nominal_checkpoint filled with "
+            "copy_buffer_to_parameters(real buffer, trainable_only=False)",
+        ),
+        Config(
+            "cnn_mse_sgd_nominal_op17",
+            "cnn",
+            "mse",
+            "sgd",
+            17,
+            {"nominal": True},
+            "nominal checkpoint with frozen BN running stats",
+        ),
         # Probes: what happens WITHOUT the workarounds in prepare_for_artifacts.py.
-        Config("transformer_mse_adamw_noprep_op17", "transformer", "mse", "adamw", 17, {"skip_prepare": True},
-               "LayerNormalization left with 1 output (no prepare_model)", expect_fail=True),
-        Config("cnn_mse_sgd_noevalprune_op17", "cnn", "mse", "sgd", 17, {"skip_eval_prune": True},
-               "generated eval model keeps the 3-output BatchNormalization (training_mode=0)",
-               expect_fail=True),
+        Config(
+            "transformer_mse_adamw_noprep_op17",
+            "transformer",
+            "mse",
+            "adamw",
+            17,
+            {"skip_prepare": True},
+            "LayerNormalization left with 1 output (no prepare_model)",
+            expect_fail=True,
+        ),
+        Config(
+            "cnn_mse_sgd_noevalprune_op17",
+            "cnn",
+            "mse",
+            "sgd",
+            17,
+            {"skip_eval_prune": True},
+            "generated eval model keeps the 3-output BatchNormalization (training_mode=0)",
+            expect_fail=True,
+        ),
     ]
     return cfgs
 
@@ -126,8 +222,14 @@ def select(cfgs: List[Config], only: Optional[str]) -> List[Config]:
     if not only:
         return cfgs
     pats = [p.strip() for p in only.split(",") if p.strip()]
-    return [c for c in cfgs if any(fnmatch.fnmatchcase(c.name, p) or p == c.name or
-                                   (not any(ch in p for ch in "*?[") and p in c.name) for p in pats)]
+    return [
+        c
+        for c in cfgs
+        if any(
+            fnmatch.fnmatchcase(c.name, p) or p == c.name or (not any(ch in p for ch in "*?[") and p in c.name)
+            for p in pats
+        )
+    ]
 
 
 # --------------------------------------------------------------------------- models
@@ -146,6 +248,7 @@ def _resolve_names(model, tokens: List[str]) -> List[str]:
 
 def _set_adamw_attr(path: pathlib.Path, **attrs) -> List[str]:
     import onnx
+
     model = onnx.load(str(path))
     edited = []
     for node in model.graph.node:
@@ -164,6 +267,7 @@ def _set_adamw_attr(path: pathlib.Path, **attrs) -> List[str]:
 
 def _optimizer_attrs(path: pathlib.Path) -> Dict[str, Any]:
     import onnx
+
     model = onnx.load(str(path))
     for node in model.graph.node:
         if node.op_type in ("AdamWOptimizer", "SGDOptimizerV2"):
@@ -185,13 +289,14 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
         import onnx
         import onnxruntime
         import torch
+
         onnxruntime.set_default_logger_severity(3)
         from onnxruntime.training import api as ort_api
         from onnxruntime.training import artifacts, onnxblock
 
         seed = reference.seed_of(cfg.name)
         torch.manual_seed(seed)
-        np.random.seed(seed % (2 ** 32))
+        np.random.seed(seed % (2**32))
         stage = "build torch model"
         model, args, in_names, out_names, kinds, training, frozen_torch = reference.build_model(cfg.family, cfg.loss)
 
@@ -199,25 +304,45 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
         export_note = ""
         buf = io.BytesIO()
         import warnings
+
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                torch.onnx.export(model, args, buf, dynamo=False, opset_version=cfg.opset,
-                                  input_names=in_names, output_names=out_names, training=training,
-                                  do_constant_folding=False)
+                torch.onnx.export(
+                    model,
+                    args,
+                    buf,
+                    dynamo=False,
+                    opset_version=cfg.opset,
+                    input_names=in_names,
+                    output_names=out_names,
+                    training=training,
+                    do_constant_folding=False,
+                )
                 exported = onnx.load_from_string(buf.getvalue())
             except Exception as exc:  # exporter may not support this opset: convert instead
                 if cfg.opset <= 20:
                     raise
                 buf = io.BytesIO()
-                torch.onnx.export(model, args, buf, dynamo=False, opset_version=20,
-                                  input_names=in_names, output_names=out_names, training=training,
-                                  do_constant_folding=False)
+                torch.onnx.export(
+                    model,
+                    args,
+                    buf,
+                    dynamo=False,
+                    opset_version=20,
+                    input_names=in_names,
+                    output_names=out_names,
+                    training=training,
+                    do_constant_folding=False,
+                )
                 from onnx import version_converter
+
                 exported = version_converter.convert_version(onnx.load_from_string(buf.getvalue()), cfg.opset)
-                export_note = (f"torch.onnx.export(dynamo=False) cannot export opset {cfg.opset} "
-                               f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); exported at opset 20 "
-                               f"and converted with onnx.version_converter")
+                export_note = (
+                    f"torch.onnx.export(dynamo=False) cannot export opset {cfg.opset} "
+                    f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); exported at opset 20 "
+                    f"and converted with onnx.version_converter"
+                )
         export_ir = exported.ir_version
         export_opset = {o.domain: o.version for o in exported.opset_import}
 
@@ -230,8 +355,11 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
         pnames = dict(model.named_parameters())
         bnames = dict(model.named_buffers())
         requires_grad = [n for n in inits if n in pnames and n not in frozen_torch]
-        frozen = [n for n in inits if (n in pnames and n in frozen_torch) or
-                  (n in bnames and bnames[n].dtype.is_floating_point)]
+        frozen = [
+            n
+            for n in inits
+            if (n in pnames and n in frozen_torch) or (n in bnames and bnames[n].dtype.is_floating_point)
+        ]
         embedded = [n for n in inits if n not in requires_grad and n not in frozen]
         missing = [n for n in pnames if n not in inits]
         if missing:
@@ -262,8 +390,15 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
         if d.exists():
             shutil.rmtree(d)
         d.mkdir(parents=True)
-        artifacts.generate_artifacts(prepared, requires_grad=requires_grad, frozen_params=frozen, loss=loss_block,
-                                     optimizer=optimizer, artifact_directory=d, **ga_kwargs)
+        artifacts.generate_artifacts(
+            prepared,
+            requires_grad=requires_grad,
+            frozen_params=frozen,
+            loss=loss_block,
+            optimizer=optimizer,
+            artifact_directory=d,
+            **ga_kwargs,
+        )
 
         stage = "patch artifacts"
         patches = []
@@ -280,8 +415,9 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
             onnx.save(m, str(f))
         adam_mode = cfg.extra.get("adam_mode")
         if adam_mode is not None:
-            patches += [f"optimizer_model.onnx: {e}" for e in
-                        _set_adamw_attr(d / "optimizer_model.onnx", adam_mode=adam_mode)]
+            patches += [
+                f"optimizer_model.onnx: {e}" for e in _set_adamw_attr(d / "optimizer_model.onnx", adam_mode=adam_mode)
+            ]
         n_ln = sum(1 for n in exported.graph.node if n.op_type == "LayerNormalization")
         if n_ln and not cfg.extra.get("skip_prepare"):
             patches.insert(0, f"input model: declared Mean/InvStdDev outputs on {n_ln} LayerNormalization nodes")
@@ -325,21 +461,35 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
             "frozen_params": frozen,
             "param_order": [vi.name for vi in train_m.graph.input if vi.name in params],
             "embedded_initializers": embedded,
-            "param_shapes": {n: list(next(i for i in prepared.graph.initializer if i.name == n).dims)
-                             for n in params},
+            "param_shapes": {n: list(next(i for i in prepared.graph.initializer if i.name == n).dims) for n in params},
             "train_graph_outputs": [o.name for o in train_m.graph.output],
             "eval_graph_outputs": [o.name for o in eval_m.graph.output],
             "generate_artifacts_kwargs": {k: v for k, v in ga_kwargs.items()},
-            "optimizer_block": (adamw_block if (cfg.optim == "adamw" and adamw_kwargs)
-                                else f"OptimType.{'AdamW' if cfg.optim == 'adamw' else 'SGD'}"),
+            "optimizer_block": (
+                adamw_block
+                if (cfg.optim == "adamw" and adamw_kwargs)
+                else f"OptimType.{'AdamW' if cfg.optim == 'adamw' else 'SGD'}"
+            ),
             "optimizer_attributes": _optimizer_attrs(d / "optimizer_model.onnx"),
-            "export": {"dynamo": False, "opset_version": cfg.opset, "training": training.name,
-                       "do_constant_folding": False, "ir_version": export_ir, "opset_import": export_opset,
-                       "input_names": in_names, "output_names": out_names, "note": export_note},
+            "export": {
+                "dynamo": False,
+                "opset_version": cfg.opset,
+                "training": training.name,
+                "do_constant_folding": False,
+                "ir_version": export_ir,
+                "opset_import": export_opset,
+                "input_names": in_names,
+                "output_names": out_names,
+                "note": export_note,
+            },
             "patches": patches,
             "note": cfg.note,
-            "versions": {"onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__,
-                         "torch": torch.__version__, "numpy": np.__version__},
+            "versions": {
+                "onnxruntime": onnxruntime.__version__,
+                "onnx": onnx.__version__,
+                "torch": torch.__version__,
+                "numpy": np.__version__,
+            },
         }
         (d / "spec.json").write_text(json.dumps(spec, indent=1) + "\n")
 
@@ -365,28 +515,41 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
         loss_first = float(np.asarray(expected["step1/call1/loss"]).reshape(-1)[0])
         if cfg.expect_fail:  # a probe that passes is reported, but leaves no fixture behind
             shutil.rmtree(d)
-        result.update(ok=True, keys=len(expected), loss_first=loss_first, loss_last=loss_final,
-                      n_trainable=len(requires_grad), n_frozen=len(frozen), patches=patches,
-                      bytes=sum(f.stat().st_size for f in d.iterdir()), deterministic=not diffs,
-                      export_note=export_note)
+        result.update(
+            ok=True,
+            keys=len(expected),
+            loss_first=loss_first,
+            loss_last=loss_final,
+            n_trainable=len(requires_grad),
+            n_frozen=len(frozen),
+            patches=patches,
+            bytes=sum(f.stat().st_size for f in d.iterdir()),
+            deterministic=not diffs,
+            export_note=export_note,
+        )
         return result
     except BaseException as exc:  # noqa: BLE001 - recorded, not hidden
         d = out_root / cfg.name
         if d.exists():
             shutil.rmtree(d)
-        result.update(ok=False, stage=stage, error=f"{type(exc).__name__}: {exc}",
-                      traceback=traceback.format_exc()[-4000:])
+        result.update(
+            ok=False, stage=stage, error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-4000:]
+        )
         return result
 
 
 def run_scheduler_worker(out_root: pathlib.Path) -> Dict[str, Any]:
     import numpy as np
     import onnxruntime
+
     onnxruntime.set_default_logger_severity(3)
     from onnxruntime.training import api as ort_api
+
     d = out_root / SCHEDULER_CONFIG
-    data: Dict[str, Any] = {"meta/artifacts_config": np.array(SCHEDULER_CONFIG),
-                            "meta/cases": np.array(SCHEDULER_CASES, dtype=np.float64)}
+    data: Dict[str, Any] = {
+        "meta/artifacts_config": np.array(SCHEDULER_CONFIG),
+        "meta/cases": np.array(SCHEDULER_CASES, dtype=np.float64),
+    }
     lines = []
     for warmup, total, lr, steps in SCHEDULER_CASES:
         res = scenario.run_scheduler_scenario(ort_api, d, warmup, total, lr, steps)
@@ -408,10 +571,14 @@ def _spawn(args: List[str], timeout: float = 900) -> Dict[str, Any]:
         return {"ok": False, "stage": "subprocess", "error": f"timed out after {timeout}s"}
     for line in reversed(p.stdout.splitlines()):
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     tail = (p.stderr or "")[-3000:]
-    return {"ok": False, "stage": "subprocess (crashed)",
-            "error": f"worker exited with code {p.returncode} without a result", "traceback": tail}
+    return {
+        "ok": False,
+        "stage": "subprocess (crashed)",
+        "error": f"worker exited with code {p.returncode} without a result",
+        "traceback": tail,
+    }
 
 
 def _read_unsupported(path: pathlib.Path) -> Dict[str, str]:
@@ -435,11 +602,16 @@ def _section(name: str, res: Dict[str, Any], cfg: Optional[Config]) -> str:
     tb = _scrub(res.get("traceback", ""))
     txt = f"## {name}\n\n"
     if cfg is not None:
-        txt += (f"- family `{cfg.family}`, loss `{cfg.loss}`, optimizer `{cfg.optim}`, opset {cfg.opset}"
-                + (f", extra `{json.dumps(cfg.extra)}`" if cfg.extra else "") + "\n")
+        txt += (
+            f"- family `{cfg.family}`, loss `{cfg.loss}`, optimizer `{cfg.optim}`, opset {cfg.opset}"
+            + (f", extra `{json.dumps(cfg.extra)}`" if cfg.extra else "")
+            + "\n"
+        )
     if cfg is not None and cfg.expect_fail:
-        txt += (f"- **probe** (expected to fail): {cfg.note}. The real fixtures avoid this with "
-                "`scripts/prepare_for_artifacts.py`.\n")
+        txt += (
+            f"- **probe** (expected to fail): {cfg.note}. The real fixtures avoid this with "
+            "`scripts/prepare_for_artifacts.py`.\n"
+        )
     elif cfg is not None and cfg.note:
         txt += f"- {cfg.note}\n"
     txt += f"- failing stage: **{res.get('stage', '?')}**\n- error: `{_one_line(err)}`\n\n"
@@ -451,6 +623,7 @@ def _section(name: str, res: Dict[str, Any], cfg: Optional[Config]) -> str:
 def _scrub(s: str) -> str:
     """Drop machine-specific path prefixes from recorded error text."""
     import sysconfig
+
     for prefix, repl in ((str(REPO) + "/", ""), (sysconfig.get_paths()["purelib"] + "/", "<site-packages>/")):
         s = s.replace(prefix, repl)
     return s
@@ -468,21 +641,23 @@ def write_unsupported(out_root: pathlib.Path, results: Dict[str, Dict[str, Any]]
         sections.pop(name, None)
         if not res.get("ok"):
             sections[name] = _section(name, res, cfgs.get(name))
-    head = (f"# Configs onnxruntime-training {_ort_version()} could not generate or run\n\n{MARK}\n\n"
-            "Each section is a config from `scripts/make_reference.py` that has no fixture directory because\n"
-            "a stage (export, `generate_artifacts`, loading or running with `onnxruntime.training.api`) failed.\n"
-            "The stage and the error text are recorded as produced.\n\n"
-            "Workarounds applied to every fixture (so these are *not* failures; see\n"
-            "`scripts/prepare_for_artifacts.py` and each fixture's `spec.json` `patches`):\n\n"
-            "- LayerNormalization nodes get their two optional outputs declared before `generate_artifacts`\n"
-            "  (otherwise gradient building fails; probe `transformer_mse_adamw_noprep_op17`).\n"
-            "- The generated eval model's BatchNormalization (training_mode=0) loses its unused running_mean/var\n"
-            "  outputs (otherwise ORT refuses the eval model; probe `cnn_mse_sgd_noevalprune_op17`). Pruning them\n"
-            "  *before* `generate_artifacts` is not possible: onnxblock's checker requires 3 outputs when\n"
-            "  training_mode=1.\n"
-            "- `ir_version` of every generated .onnx is lowered to 10 (onnx 1.23 writes 14 into the optimizer\n"
-            "  model; ORT 1.19 loads at most 10).\n"
-            "- adam_mode=0 configs: the AdamWOptimizer attribute was hand-edited; ORT runs it.\n\n")
+    head = (
+        f"# Configs onnxruntime-training {_ort_version()} could not generate or run\n\n{MARK}\n\n"
+        "Each section is a config from `scripts/make_reference.py` that has no fixture directory because\n"
+        "a stage (export, `generate_artifacts`, loading or running with `onnxruntime.training.api`) failed.\n"
+        "The stage and the error text are recorded as produced.\n\n"
+        "Workarounds applied to every fixture (so these are *not* failures; see\n"
+        "`scripts/prepare_for_artifacts.py` and each fixture's `spec.json` `patches`):\n\n"
+        "- LayerNormalization nodes get their two optional outputs declared before `generate_artifacts`\n"
+        "  (otherwise gradient building fails; probe `transformer_mse_adamw_noprep_op17`).\n"
+        "- The generated eval model's BatchNormalization (training_mode=0) loses its unused running_mean/var\n"
+        "  outputs (otherwise ORT refuses the eval model; probe `cnn_mse_sgd_noevalprune_op17`). Pruning them\n"
+        "  *before* `generate_artifacts` is not possible: onnxblock's checker requires 3 outputs when\n"
+        "  training_mode=1.\n"
+        "- `ir_version` of every generated .onnx is lowered to 10 (onnx 1.23 writes 14 into the optimizer\n"
+        "  model; ORT 1.19 loads at most 10).\n"
+        "- adam_mode=0 configs: the AdamWOptimizer attribute was hand-edited; ORT runs it.\n\n"
+    )
     n_real = sum(1 for k in sections if not (cfgs.get(k) and cfgs[k].expect_fail))
     head += f"Real (non-probe) configs that failed: {n_real if n_real else 'none'}.\n\n"
     path.write_text(head + "".join(sections[k] for k in sorted(sections)))
@@ -491,6 +666,7 @@ def write_unsupported(out_root: pathlib.Path, results: Dict[str, Dict[str, Any]]
 def _ort_version() -> str:
     try:
         from importlib.metadata import version
+
         return version("onnxruntime-training")
     except Exception:  # noqa: BLE001
         return "1.19.2"
@@ -498,8 +674,9 @@ def _ort_version() -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description="Generate ORT reference fixtures.")
-    ap.add_argument("--only", help="comma-separated globs (or substrings) of config names; 'scheduler' for the "
-                                   "scheduler fixture")
+    ap.add_argument(
+        "--only", help="comma-separated globs (or substrings) of config names; 'scheduler' for the scheduler fixture"
+    )
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="output directory (default tests/fixtures)")
     ap.add_argument("--jobs", type=int, default=2, help="parallel worker processes")
     ap.add_argument("--list", action="store_true", help="list config names and exit")
@@ -519,8 +696,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             res = run_scheduler_worker(out_root)
         except BaseException as exc:  # noqa: BLE001
-            res = {"name": "scheduler", "ok": False, "stage": "run_scheduler_scenario",
-                   "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+            res = {
+                "name": "scheduler",
+                "ok": False,
+                "stage": "run_scheduler_scenario",
+                "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc()[-3000:],
+            }
         print("RESULT " + json.dumps(res), flush=True)
         return 0
 
@@ -530,14 +712,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         for c in cfgs:
             print(c.name)
         return 0
-    if want_sched and not (out_root / SCHEDULER_CONFIG / "expected.npz").exists() and \
-            SCHEDULER_CONFIG not in [c.name for c in todo]:
+    if (
+        want_sched
+        and not (out_root / SCHEDULER_CONFIG / "expected.npz").exists()
+        and SCHEDULER_CONFIG not in [c.name for c in todo]
+    ):
         todo.insert(0, by_name[SCHEDULER_CONFIG])
     out_root.mkdir(parents=True, exist_ok=True)
 
     results: Dict[str, Dict[str, Any]] = {}
     t0 = time.time()
     from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
         futs = {c.name: pool.submit(_spawn, ["--worker", c.name, "--out", str(out_root)]) for c in todo}
         for name, fut in futs.items():
@@ -568,24 +754,31 @@ def main(argv: Optional[List[str]] = None) -> int:
                 notes.append("PROBE UNEXPECTEDLY PASSED")
             if res.get("export_note"):
                 notes.append("version_converter")
-            print(f"{name:44s} {'ok':8s} {res['n_trainable']:5d} {res['n_frozen']:3d} {res['loss_first']:10.5f} "
-                  f"{res['loss_last']:10.5f} {res['bytes'] / 1024:6.1f}  {'; '.join(notes)}")
+            print(
+                f"{name:44s} {'ok':8s} {res['n_trainable']:5d} {res['n_frozen']:3d} {res['loss_first']:10.5f} "
+                f"{res['loss_last']:10.5f} {res['bytes'] / 1024:6.1f}  {'; '.join(notes)}"
+            )
         else:
-            print(f"{name:44s} {'XFAIL' if res.get('expect_fail') else 'FAILED':8s} {'':5s} {'':3s} {'':10s} {'':10s} {'':6s}  "
-                  f"{res.get('stage')}: {_one_line(res.get('error', ''), 90)}")
+            print(
+                f"{name:44s} {'XFAIL' if res.get('expect_fail') else 'FAILED':8s} {'':5s} {'':3s} {'':10s} {'':10s} {'':6s}  "
+                f"{res.get('stage')}: {_one_line(res.get('error', ''), 90)}"
+            )
     if "scheduler" in results:
         r = results["scheduler"]
         print("\nscheduler.npz:", "ok" if r.get("ok") else f"FAILED: {r.get('error')}")
         for line in r.get("trace", []):
             print("  " + line)
     ours = [out_root / c.name for c in cfgs] + [out_root / "scheduler.npz", out_root / "UNSUPPORTED_BY_ORT.md"]
-    total = sum(f.stat().st_size for p in ours if p.exists()
-                for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
+    total = sum(
+        f.stat().st_size for p in ours if p.exists() for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file()
+    )
     n_ok = sum(1 for k, r in results.items() if r.get("ok") and k != "scheduler")
     n_bad = sum(1 for k, r in results.items() if not r.get("ok") and k != "scheduler" and not r.get("expect_fail"))
     n_x = sum(1 for k, r in results.items() if not r.get("ok") and k != "scheduler" and r.get("expect_fail"))
-    print(f"\n{n_ok} configs ok, {n_bad} failed, {n_x} probes failed as expected (see {out_root / 'UNSUPPORTED_BY_ORT.md'}); "
-          f"fixtures total {total / 1e6:.2f} MB; {time.time() - t0:.0f}s")
+    print(
+        f"\n{n_ok} configs ok, {n_bad} failed, {n_x} probes failed as expected (see {out_root / 'UNSUPPORTED_BY_ORT.md'}); "
+        f"fixtures total {total / 1e6:.2f} MB; {time.time() - t0:.0f}s"
+    )
     return 0
 
 

@@ -12,6 +12,7 @@ each; a crash is recorded as ``{"crash": "SIGFPE"}``.  The scenarios live in
 ort_torch_compat/testing/reliability_cases.py so tests/test_reliability.py runs the same code through this
 library (and live through ORT when it is importable).
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,7 @@ print(json.dumps(result))
 
 
 def in_child(*args: str) -> dict:
-    result = subprocess.run([sys.executable, "-c", CHILD, *args],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, timeout=300)
     if result.returncode < 0:
         return {"crash": signal.Signals(-result.returncode).name}
     if result.returncode != 0:
@@ -76,8 +76,9 @@ def main() -> None:
     out["SoftmaxCrossEntropyLoss"] = cases.sce_results(run)
     out["CrossEntropy training step"] = cases.ce_training_step(api)
     out["models"] = {name: in_child("model", name, "") for name in cases.MODEL_EDITS}
-    out["inputs"] = {f"{name} ({mode})": in_child("input", name, mode)
-                     for name in cases.bad_inputs() for mode in ("train", "eval")}
+    out["inputs"] = {
+        f"{name} ({mode})": in_child("input", name, mode) for name in cases.bad_inputs() for mode in ("train", "eval")
+    }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {OUT}")

@@ -7,6 +7,7 @@ inputs as ort_torch_compat/testing/scenario.py), adds properties of all three ty
 `ort_after_step2.ckpt` with its optimizer state next to the fixture.  The tests resume
 from it with ort_torch_compat and compare steps 3-5 with ORT's uninterrupted run.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,7 +33,9 @@ def main() -> None:
         train_steps(state, module, optimizer, spec, 1, 2)
         for name, value in PROPERTIES.items():
             state.properties[name] = value
-        api.CheckpointState.save_checkpoint(state, str(directory / "ort_after_step2.ckpt"), include_optimizer_state=True)
+        api.CheckpointState.save_checkpoint(
+            state, str(directory / "ort_after_step2.ckpt"), include_optimizer_state=True
+        )
         print(f"wrote {directory / 'ort_after_step2.ckpt'}")
 
 

@@ -21,6 +21,7 @@ torch before the clock starts (as scripts/benchmark.py does), so the baseline me
 an imported torch counts for both.  The report gives medians over rounds and the ratios
 ours / ORT.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,13 +51,26 @@ def make_artifacts(work: pathlib.Path, layers: int, width: int, batch: int = 4) 
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
     example = torch.randn(batch, width)
     path = work / "model.onnx"
-    torch.onnx.export(model, (example,), str(path), input_names=["input"], output_names=["output"], dynamo=False,
-                      opset_version=17, do_constant_folding=False)
+    torch.onnx.export(
+        model,
+        (example,),
+        str(path),
+        input_names=["input"],
+        output_names=["output"],
+        dynamo=False,
+        opset_version=17,
+        do_constant_folding=False,
+    )
     del model
     proto = onnx.load(str(path))
     names = [init.name for init in proto.graph.initializer]
-    artifacts.generate_artifacts(proto, requires_grad=names, loss=artifacts.LossType.CrossEntropyLoss,
-                                 optimizer=artifacts.OptimType.AdamW, artifact_directory=str(work))
+    artifacts.generate_artifacts(
+        proto,
+        requires_grad=names,
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=str(work),
+    )
     del proto
     path.unlink()
     for file in ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx"):
@@ -64,8 +78,11 @@ def make_artifacts(work: pathlib.Path, layers: int, width: int, batch: int = 4) 
         p.ir_version = min(p.ir_version, MAX_IR_VERSION)
         onnx.save(p, str(work / file))
     rng = np.random.default_rng(0)
-    np.savez(work / "inputs.npz", input=rng.standard_normal((batch, width)).astype(np.float32),
-             labels=rng.integers(0, width, size=(batch,)).astype(np.int64))
+    np.savez(
+        work / "inputs.npz",
+        input=rng.standard_normal((batch, width)).astype(np.float32),
+        labels=rng.integers(0, width, size=(batch,)).astype(np.int64),
+    )
     # The checkpoint with optimizer state, as ORT writes it after one step.
     subprocess.run([sys.executable, __file__, "--make-state", str(work)], check=True)
 
@@ -201,8 +218,10 @@ def main() -> None:
     report = {"checkpoint_bytes": size, "rounds": args.rounds, "results": results, "summary": summarize(results)}
     for kind, by_backend in report["summary"].items():
         for backend, values in by_backend.items():
-            print(f"{kind:4} {backend:12} " + "  ".join(f"{k}={v}" if isinstance(v, list) else f"{k}={v:.3f}"
-                                                        for k, v in values.items()))
+            print(
+                f"{kind:4} {backend:12} "
+                + "  ".join(f"{k}={v}" if isinstance(v, list) else f"{k}={v:.3f}" for k, v in values.items())
+            )
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
 

@@ -18,6 +18,7 @@ quotes the quick ones, docs/performance.md the benchmark's):
 
 Run it on a quiet machine: other processes inflate every number here.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -90,15 +91,23 @@ def _verdict(report: dict) -> str:
 def benchmark_figures(report: dict) -> Dict[str, str]:
     from ort_torch_compat.testing.benchmark_report import conditions, table
 
-    return {"benchmark_table": "\n" + table(report, markdown=True) + "\n",
-            "benchmark_machine": conditions(report), "benchmark_verdict": _verdict(report)}
+    return {
+        "benchmark_table": "\n" + table(report, markdown=True) + "\n",
+        "benchmark_machine": conditions(report),
+        "benchmark_verdict": _verdict(report),
+    }
 
 
 def measure_benchmark() -> dict:
     with tempfile.TemporaryDirectory() as work:
         record_path = pathlib.Path(work) / "benchmark.json"
-        subprocess.run([sys.executable, "scripts/benchmark.py", "--background", "0", "2", "--json", str(record_path)],
-                       cwd=ROOT, env=_environment(), check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "scripts/benchmark.py", "--background", "0", "2", "--json", str(record_path)],
+            cwd=ROOT,
+            env=_environment(),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         return json.loads(record_path.read_text())
 
 
@@ -113,10 +122,16 @@ def write(text: str, figures: Dict[str, str], complete: bool) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="update README.md and docs/performance.md with the measured figures")
+    parser.add_argument(
+        "--write", action="store_true", help="update README.md and docs/performance.md with the measured figures"
+    )
     parser.add_argument("--skip-benchmark", action="store_true", help="measure only the quick figures")
-    parser.add_argument("--benchmark-json", type=pathlib.Path, default=None,
-                        help="take the benchmark figures from this `scripts/benchmark.py --json` report")
+    parser.add_argument(
+        "--benchmark-json",
+        type=pathlib.Path,
+        default=None,
+        help="take the benchmark figures from this `scripts/benchmark.py --json` report",
+    )
     parser.add_argument("--skip-quick", action="store_true", help="keep the example and test-suite times")
     args = parser.parse_args()
     texts = {page: page.read_text() for page in PAGES}

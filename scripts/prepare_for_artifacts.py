@@ -4,6 +4,7 @@
 
 The code is ``ort_torch_compat.testing.prepare_for_artifacts`` (shared with the tests and other scripts).
 """
+
 import sys
 
 from ort_torch_compat.testing.prepare_for_artifacts import main

@@ -23,6 +23,7 @@ own over `--steps` steps, so the phases add up to a little more than the whole s
            gradients for a failed step, release them, fill the ones autograd left out)
   output   values.from_tensors (detach, numpy)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -84,8 +85,15 @@ def _inputs(directory: pathlib.Path, module) -> list:
             t = declared[name].type.tensor_type
             dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
             shape = [d.dim_value if d.HasField("dim_value") else 2 for d in t.shape.dim]
-            specs.append({"name": name, "shape": shape, "dtype": str(dtype),
-                          "kind": "int" if np.issubdtype(dtype, np.integer) else "float", "high": 2})
+            specs.append(
+                {
+                    "name": name,
+                    "shape": shape,
+                    "dtype": str(dtype),
+                    "kind": "int" if np.issubdtype(dtype, np.integer) else "float",
+                    "high": 2,
+                }
+            )
     values = []
     for spec in specs:
         if spec["kind"] == "int":
@@ -223,8 +231,13 @@ def profile(directory: pathlib.Path, rounds: int, steps: int, kind: str, cprofil
 
     ort_ms = statistics.median(ort_times) * 1e3 if ort_module is not None else float("nan")
     our_ms = statistics.median(our_times) * 1e3
-    return {"model": directory.name, "ort_ms": ort_ms, "ours_ms": our_ms, "ratio": our_ms / ort_ms,
-            **{f"{k}_ms": statistics.median(v) * 1e3 for k, v in phases.items()}}
+    return {
+        "model": directory.name,
+        "ort_ms": ort_ms,
+        "ours_ms": our_ms,
+        "ratio": our_ms / ort_ms,
+        **{f"{k}_ms": statistics.median(v) * 1e3 for k, v in phases.items()},
+    }
 
 
 def main() -> None:
@@ -238,17 +251,23 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = []
-    header = (f"{'model':38s} {'ORT ms':>7s} {'ours ms':>7s} {'ratio':>6s} | {'input':>6s} {'fwd':>6s} "
-              f"{'bwd':>6s} {'optim':>6s} {'reset':>6s} {'output':>6s}")
+    header = (
+        f"{'model':38s} {'ORT ms':>7s} {'ours ms':>7s} {'ratio':>6s} | {'input':>6s} {'fwd':>6s} "
+        f"{'bwd':>6s} {'optim':>6s} {'reset':>6s} {'output':>6s}"
+    )
     print(header)
     with tempfile.TemporaryDirectory() as scratch:
         for directory in args.dirs:
-            row = profile(_unpack(directory, pathlib.Path(scratch)), args.rounds, args.steps, args.inputs,
-                          args.cprofile)
+            row = profile(
+                _unpack(directory, pathlib.Path(scratch)), args.rounds, args.steps, args.inputs, args.cprofile
+            )
             rows.append(row)
-            print(f"{row['model']:38s} {row['ort_ms']:7.3f} {row['ours_ms']:7.3f} {row['ratio']:6.2f} | "
-                  f"{row['input_ms']:6.3f} {row['forward_ms']:6.3f} {row['backward_ms']:6.3f} "
-                  f"{row['optim_ms']:6.3f} {row['reset_ms']:6.3f} {row['output_ms']:6.3f}", flush=True)
+            print(
+                f"{row['model']:38s} {row['ort_ms']:7.3f} {row['ours_ms']:7.3f} {row['ratio']:6.2f} | "
+                f"{row['input_ms']:6.3f} {row['forward_ms']:6.3f} {row['backward_ms']:6.3f} "
+                f"{row['optim_ms']:6.3f} {row['reset_ms']:6.3f} {row['output_ms']:6.3f}",
+                flush=True,
+            )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

@@ -13,6 +13,7 @@ run on a loaded machine mean nothing).
 With ``--readme PAGE`` the table replaces the lines between the two markers
 ``<!-- real-arch-table -->`` and ``<!-- /real-arch-table -->``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,26 +49,40 @@ def _parity(row: Dict[str, Any]) -> str:
         return "**FAIL**"
     if verdict["rule"] == "elementwise":
         return "pass, every step elementwise"
-    return f"pass, step 1 elementwise + trajectory ({verdict['trajectory_ours']:.0f} <= {verdict['trajectory_bound']:.0f})"
+    return (
+        f"pass, step 1 elementwise + trajectory ({verdict['trajectory_ours']:.0f} <= {verdict['trajectory_bound']:.0f})"
+    )
 
 
 def table(summary: Dict[str, Any], benchmark: Optional[Dict[str, Any]] = None) -> str:
-    lines = ["| model | opset | export | BN running stats | optimizer | anchor | parity | step ms (ours) | "
-             "step ms (ORT) | ours / ORT |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| model | opset | export | BN running stats | optimizer | anchor | parity | step ms (ours) | "
+        "step ms (ORT) | ours / ORT |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     rows = [r for name, r in sorted(summary.items()) if not name.startswith("_")]
     rows.sort(key=lambda r: (r["recipe"], r["opset"], r["export"], r["stats"], r["optimizer"]))
     for row in rows:
         stats = {"frozen": "frozen params", "initializer": "initializers"}[row["stats"]]
-        cells = [row["recipe"], str(row["opset"]), row["export"], stats, row["optimizer"],
-                 ANCHORS.get(row.get("anchor"), "-"), _parity(row), *_step_times(benchmark, row)]
+        cells = [
+            row["recipe"],
+            str(row["opset"]),
+            row["export"],
+            stats,
+            row["optimizer"],
+            ANCHORS.get(row.get("anchor"), "-"),
+            _parity(row),
+            *_step_times(benchmark, row),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--summary", type=pathlib.Path, default=ROOT / "tests" / "fixtures" / "real_arch" / "summary.json")
+    parser.add_argument(
+        "--summary", type=pathlib.Path, default=ROOT / "tests" / "fixtures" / "real_arch" / "summary.json"
+    )
     parser.add_argument("--benchmark", type=pathlib.Path)
     parser.add_argument("--readme", type=pathlib.Path)
     args = parser.parse_args(argv)

@@ -7,6 +7,7 @@ Issue 19: rank 1 aborted (SIGABRT) at teardown about once in 40 runs on a loaded
 so one green run proves nothing.  Not part of the test suite: it takes minutes.  Exits 0 only if
 every run passed; a failed run's output tail is printed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _env() -> dict:
-    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1", PYTHONPATH=os.pathsep.join(
-        [str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    return dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONFAULTHANDLER="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    )
 
 
 def _test_command(_: pathlib.Path) -> List[str]:
@@ -34,8 +39,21 @@ def _test_command(_: pathlib.Path) -> List[str]:
 
 
 def _example_command(out: pathlib.Path) -> List[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            str(ROOT / "examples" / "ddp_train.py"), "--out", str(out), "--steps", "4", "--global-batch", "8"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(ROOT / "examples" / "ddp_train.py"),
+        "--out",
+        str(out),
+        "--steps",
+        "4",
+        "--global-batch",
+        "8",
+    ]
 
 
 def repeat(name: str, make_command, runs: int, timeout: float) -> bool:
@@ -44,15 +62,23 @@ def repeat(name: str, make_command, runs: int, timeout: float) -> bool:
     for index in range(1, runs + 1):
         with tempfile.TemporaryDirectory(prefix="repeat_ddp_") as scratch:
             try:
-                result = subprocess.run(make_command(pathlib.Path(scratch) / "out"), env=_env(), cwd=scratch,
-                                        capture_output=True, text=True, timeout=timeout)
+                result = subprocess.run(
+                    make_command(pathlib.Path(scratch) / "out"),
+                    env=_env(),
+                    cwd=scratch,
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout,
+                )
                 code, output = result.returncode, result.stdout + result.stderr
             except subprocess.TimeoutExpired as timed_out:
                 code, output = "timeout", f"{timed_out}"
         aborted = "terminate called" in output or "Fatal Python error" in output
         codes.append(code)
-        print(f"{name} run {index:3d}/{runs}: exit code {code}{'  (abort message in output)' if aborted else ''}",
-              flush=True)
+        print(
+            f"{name} run {index:3d}/{runs}: exit code {code}{'  (abort message in output)' if aborted else ''}",
+            flush=True,
+        )
         if code != 0 or aborted:
             print(output[-4000:], flush=True)
             codes[-1] = code if code != 0 else "abort"
@@ -68,8 +94,11 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300, help="seconds per run")
     args = parser.parse_args()
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
-    print(f"{datetime.datetime.now().isoformat(timespec='seconds')}  torch {torch.__version__}  "
-          f"Python {platform.python_version()}  {os.cpu_count()} cores  load {load[0]}", flush=True)
+    print(
+        f"{datetime.datetime.now().isoformat(timespec='seconds')}  torch {torch.__version__}  "
+        f"Python {platform.python_version()}  {os.cpu_count()} cores  load {load[0]}",
+        flush=True,
+    )
     ok = True
     if args.only in (None, "test"):
         ok &= repeat("tests/test_ddp.py", _test_command, args.runs, args.timeout)

@@ -12,6 +12,7 @@ longest step after the first (the compiler must never stall the loop), and the l
 difference between the two runs' losses in units of the parity tolerance
 (1e-5 + 1e-4*|loss|; 1.0 = at the tolerance).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,12 @@ def _loop(directory: pathlib.Path, seconds: float, steps: int) -> dict:
         if switch is None and module._engine.train_runner.path == "compiled":
             switch = len(losses)
     later = sorted(times[1:]) or [0.0]
-    return {"losses": losses, "switch_step": switch, "median_ms": 1000 * later[len(later) // 2],
-            "max_ms": 1000 * later[-1]}
+    return {
+        "losses": losses,
+        "switch_step": switch,
+        "median_ms": 1000 * later[len(later) // 2],
+        "max_ms": 1000 * later[-1],
+    }
 
 
 def _child(directory: pathlib.Path, setting: str, seconds: float, steps: int, cache: str) -> dict:
@@ -87,12 +92,23 @@ def main() -> int:
             print(f"{directory.name}: compilation off FAILED: {off['error']}")
             failed = True
             continue
-        worst = max((abs(a - b) / (1e-5 + 1e-4 * abs(b)) for a, b in zip(default["losses"], off["losses"])),
-                    default=0.0)
+        worst = max(
+            (abs(a - b) / (1e-5 + 1e-4 * abs(b)) for a, b in zip(default["losses"], off["losses"])), default=0.0
+        )
         stall = default["max_ms"] / max(default["median_ms"], 1e-9)
-        print(json.dumps({"model": directory.name, "steps": len(default["losses"]), "switch_step": default["switch_step"],
-                          "median_ms": round(default["median_ms"], 3), "max_ms": round(default["max_ms"], 2),
-                          "longest_over_median": round(stall, 1), "loss_deviation": round(worst, 3)}))
+        print(
+            json.dumps(
+                {
+                    "model": directory.name,
+                    "steps": len(default["losses"]),
+                    "switch_step": default["switch_step"],
+                    "median_ms": round(default["median_ms"], 3),
+                    "max_ms": round(default["max_ms"], 2),
+                    "longest_over_median": round(stall, 1),
+                    "loss_deviation": round(worst, 3),
+                }
+            )
+        )
         failed |= worst > 1.0
     return 1 if failed else 0
 

@@ -1,5 +1,6 @@
 """Byte-level damage for the fuzz tests of model readers (tests/test_fuzz_models.py,
 tests/test_ort_format_fuzz.py): a byte overwritten, a 32-bit word written, the file cut."""
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -23,7 +24,7 @@ def mutate(data: bytes, steps: Sequence[tuple]) -> bytes:
         if kind == "byte":
             buf[position] = value
         elif kind == "word":
-            buf[position:position + 4] = value.to_bytes(4, "little")
+            buf[position : position + 4] = value.to_bytes(4, "little")
         else:
             del buf[position:]
         if not buf:

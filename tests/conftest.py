@@ -1,4 +1,5 @@
 """Shared test helpers: fixture discovery and the optional live ONNX Runtime reference."""
+
 from __future__ import annotations
 
 import json

@@ -5,6 +5,7 @@ and CPython then ends it inside a noexcept destructor: SIGABRT at exit, about on
 (issue 19). That race is too rare to catch in one test run; the condition behind it is not.
 tests/test_ddp.py launches this script instead of the example. Linux only (/proc/self/task).
 """
+
 from __future__ import annotations
 
 import importlib.util

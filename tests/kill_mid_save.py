@@ -13,6 +13,7 @@ the checkpoint files only (abandoned temp files removed).
 
 Usage: python tests/kill_mid_save.py WORKDIR  -> prints one JSON object: {"cases": n, "failures": [...]}
 """
+
 from __future__ import annotations
 
 import json
@@ -41,10 +42,14 @@ def record(value: float, step: int) -> CheckpointRecord:
     """Parameters go to `.data`, the optimizer step and moments stay in the main file, so
     an old main file with a new `.data` (or the reverse) is told apart from both."""
     params = [tensor_record_from_numpy(n, np.full(s, value, np.float32)) for n, s in (("a", 5), ("b", (3, 4)))]
-    moments = [ParameterOptimizerStateRecord(n, [tensor_record_from_numpy("momentum0", np.full(3, step, np.float32))])
-               for n in ("a", "b")]
-    return CheckpointRecord(module_state=ModuleStateRecord(params, [], has_external_data=True),
-                            optimizer_groups=[OptimizerGroupRecord("group0", step, 0.5, moments)])
+    moments = [
+        ParameterOptimizerStateRecord(n, [tensor_record_from_numpy("momentum0", np.full(3, step, np.float32))])
+        for n in ("a", "b")
+    ]
+    return CheckpointRecord(
+        module_state=ModuleStateRecord(params, [], has_external_data=True),
+        optimizer_groups=[OptimizerGroupRecord("group0", step, 0.5, moments)],
+    )
 
 
 OLD, NEW, NEWER = record(1.0, 1), record(2.0, 2), record(3.0, 3)
@@ -59,6 +64,7 @@ def save(rec: CheckpointRecord, path: str) -> None:
 def instrument(stop_at: int, sig: int, before: bool, counter: list, journal: str = "", marker: str = "") -> None:
     """Count the calls; at call ``stop_at`` send ``sig``.  If ``journal`` exists at that moment
     (the save is between its journal and its last rename), create ``marker``."""
+
     def send():
         if journal and os.path.lexists(journal):
             with open(marker, "w"):
@@ -84,8 +90,15 @@ def instrument(stop_at: int, sig: int, before: bool, counter: list, journal: str
         setattr(os, name, wrapper)
 
 
-def in_child(action, stop_at: int = 0, sig: int = signal.SIGKILL, before: bool = True, count_file: str = "",
-             journal: str = "", marker: str = "") -> int:
+def in_child(
+    action,
+    stop_at: int = 0,
+    sig: int = signal.SIGKILL,
+    before: bool = True,
+    count_file: str = "",
+    journal: str = "",
+    marker: str = "",
+) -> int:
     """Run `action` in a forked child, interrupted at boundary `stop_at`; return its exit code
     (0 completed, 130 KeyboardInterrupt, -9 killed)."""
     pid = os.fork()
@@ -188,8 +201,14 @@ def main(root: str) -> dict:
                     seen = os.path.join(root, "journal.seen")
                     if os.path.exists(seen):
                         os.unlink(seen)
-                    code = in_child(lambda: save(NEW, path), stop_at, sig, before,
-                                    journal=os.path.join(workdir, ".checkpoint.journal"), marker=seen)
+                    code = in_child(
+                        lambda: save(NEW, path),
+                        stop_at,
+                        sig,
+                        before,
+                        journal=os.path.join(workdir, ".checkpoint.journal"),
+                        marker=seen,
+                    )
                     in_critical_section = os.path.exists(seen)
                     leftovers = [n for n in listing(workdir) if n not in ("checkpoint", "checkpoint.data")]
                     journal_left = ".checkpoint.journal" in leftovers
@@ -217,7 +236,9 @@ def main(root: str) -> dict:
                             in_child(lambda: load(path), again, signal.SIGKILL, True)
                             ort_view = classify(path, as_ort=True)
                             if ort_view not in allowed | {"absent"}:
-                                failures.append(f"{case}, recovery killed before call {again}: ORT would load {ort_view}")
+                                failures.append(
+                                    f"{case}, recovery killed before call {again}: ORT would load {ort_view}"
+                                )
                             outcome = classify(path)
                             if outcome not in allowed:
                                 failures.append(f"{case}, recovery killed before call {again}: {outcome}")

@@ -1,6 +1,7 @@
 """The reference AdamW kernel (optim/adamw.py's `_reference`, used where torch has no fused
 AdamW or for correct_bias=0) against ONNX Runtime's recorded AdamW steps, and against the
 fused kernel it must agree with to float32 rounding."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +14,14 @@ from tests.conftest import FIXTURES, load_spec
 from tests.test_training_parity import TOLERANCES, _settle_noise_elements
 
 # both adam_modes, with and without weight decay, a frozen subset, a transformer
-CONFIGS = ["mlp_mse_adamw_op17", "mlp_mse_adamw_wd_op17", "mlp_mse_adamw_mode0_op17", "mlp_mse_adamw_mode0_wd_op17",
-           "frozen_mse_adamw_wd_op17", "transformer_ce_adamw_op17"]
+CONFIGS = [
+    "mlp_mse_adamw_op17",
+    "mlp_mse_adamw_wd_op17",
+    "mlp_mse_adamw_mode0_op17",
+    "mlp_mse_adamw_mode0_wd_op17",
+    "frozen_mse_adamw_wd_op17",
+    "transformer_ce_adamw_op17",
+]
 
 
 @pytest.mark.parametrize("name", CONFIGS)

@@ -1,4 +1,5 @@
 """Drop-in API semantics that ORT 1.19.2 defines beyond plain numbers (spec §1.8-§4, §7)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -76,7 +77,7 @@ def test_parameter_data_is_a_copy_and_assignment_reaches_the_module():
     assert not np.any(state.parameters["fc3.bias"].data == 123.0)
     state.parameters["fc3.bias"].data = np.full_like(snapshot, 5.0)
     buffer = module.get_contiguous_parameters().numpy()
-    assert np.all(buffer[-snapshot.size:] == 5.0)  # fc3.bias is last in graph order
+    assert np.all(buffer[-snapshot.size :] == 5.0)  # fc3.bias is last in graph order
 
 
 # ---- gradients: InPlaceAccumulatorV2 ------------------------------------------------------------
@@ -119,7 +120,9 @@ def test_optimizer_step_reuses_gradients_until_next_train_step():
     grad = state.parameters["fc1.weight"].grad
     optimizer.step()
     optimizer.step()  # SGD: w - 2*lr*g, the same gradient twice
-    np.testing.assert_allclose(state.parameters["fc1.weight"].data, w0 - 2 * np.float32(0.1) * grad, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        state.parameters["fc1.weight"].data, w0 - 2 * np.float32(0.1) * grad, rtol=1e-6, atol=1e-7
+    )
 
 
 # ---- buffers ------------------------------------------------------------------------------------
@@ -198,7 +201,9 @@ SCHEDULER = np.load(FIXTURES / "scheduler.npz") if (FIXTURES / "scheduler.npz").
 
 
 @pytest.mark.skipif(SCHEDULER is None, reason="scheduler fixture missing")
-@pytest.mark.parametrize("case", [] if SCHEDULER is None else [k[: -len("/lr")] for k in SCHEDULER.files if k.endswith("/lr")])
+@pytest.mark.parametrize(
+    "case", [] if SCHEDULER is None else [k[: -len("/lr")] for k in SCHEDULER.files if k.endswith("/lr")]
+)
 def test_linear_scheduler_reproduces_ort_quirk(case):
     warmup, total, initial_lr, steps = SCHEDULER[f"{case}/args"]
     directory = FIXTURES / str(SCHEDULER["meta/artifacts_config"])
@@ -213,7 +218,9 @@ def test_corrected_scheduler_follows_the_documented_formula(warmup, total):
     optimizer = api.Optimizer(directory / "optimizer_model.onnx", module)
     scheduler = api.CorrectedLinearLRScheduler(optimizer, warmup, total, 0.1)
     for completed in range(12):
-        factor = completed / max(1, warmup) if completed < warmup else max(0.0, (total - completed) / max(1, total - warmup))
+        factor = (
+            completed / max(1, warmup) if completed < warmup else max(0.0, (total - completed) / max(1, total - warmup))
+        )
         assert optimizer.get_learning_rate() == pytest.approx(0.1 * factor, rel=1e-6, abs=1e-9)
         optimizer.step()
         scheduler.step()

@@ -6,6 +6,7 @@ onnxruntime-training is installed, ORT's own artifacts trained by ORT too, which
 
 The whole sweep (80+ architectures) runs by hand: ``python scripts/architecture_sweep.py --all --out results.json``.
 """
+
 from __future__ import annotations
 
 import pathlib

@@ -3,6 +3,7 @@
 Models are built with onnx.helper, so these tests need neither torch nor ONNX Runtime
 (those marked live compare with onnxruntime-training when it is importable).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,15 +27,24 @@ FILES = ["checkpoint", "eval_model.onnx", "optimizer_model.onnx", "training_mode
 def tiny_model(extra_nodes=(), opset: int = 17, ir_version: int = 8, hidden_op: str = "Relu") -> onnx.ModelProto:
     """``y = W2 @ op(W1 @ x + b1)`` on x[4, 3]; parameters W1, b1, W2 (and ``extra_nodes`` after it)."""
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
-             for n, s in (("W1", (3, 5)), ("b1", (5,)), ("W2", (5, 2)))]
-    nodes = [helper.make_node("MatMul", ["x", "W1"], ["m"], name="mm1"),
-             helper.make_node("Add", ["m", "b1"], ["a"], name="add1"),
-             helper.make_node(hidden_op, ["a"], ["h"], name="act"),
-             helper.make_node("MatMul", ["h", "W2"], ["y"] if not extra_nodes else ["z"], name="mm2"),
-             *extra_nodes]
-    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2])], inits)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+        for n, s in (("W1", (3, 5)), ("b1", (5,)), ("W2", (5, 2)))
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["m"], name="mm1"),
+        helper.make_node("Add", ["m", "b1"], ["a"], name="add1"),
+        helper.make_node(hidden_op, ["a"], ["h"], name="act"),
+        helper.make_node("MatMul", ["h", "W2"], ["y"] if not extra_nodes else ["z"], name="mm2"),
+        *extra_nodes,
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = ir_version
     return model
@@ -59,8 +69,14 @@ def test_import_needs_neither_torch_nor_onnxruntime(tmp_path):
         f"generate({str(tmp_path)!r})\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'onnxruntime', 'onnx2torch')))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "['onnxruntime', 'torch']"  # only our None blockers
     assert sorted(p.name for p in tmp_path.iterdir()) == FILES
@@ -71,10 +87,23 @@ def test_files_and_graph_conventions(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"p_{f}" for f in FILES + ["nominal_checkpoint"])
     training = onnx.load(str(tmp_path / "p_training_model.onnx"))
     inputs = [i.name for i in training.graph.input]
-    assert inputs == ["x", "target", "W1", "b1", "W2", "W1_grad.accumulation.buffer",
-                      "b1_grad.accumulation.buffer", "W2_grad.accumulation.buffer", "lazy_reset_grad"]
-    assert [o.name for o in training.graph.output] == ["onnx::reducemean_output::6", "W1_grad.accumulation.out",
-                                                       "b1_grad.accumulation.out", "W2_grad.accumulation.out"]
+    assert inputs == [
+        "x",
+        "target",
+        "W1",
+        "b1",
+        "W2",
+        "W1_grad.accumulation.buffer",
+        "b1_grad.accumulation.buffer",
+        "W2_grad.accumulation.buffer",
+        "lazy_reset_grad",
+    ]
+    assert [o.name for o in training.graph.output] == [
+        "onnx::reducemean_output::6",
+        "W1_grad.accumulation.out",
+        "b1_grad.accumulation.out",
+        "W2_grad.accumulation.out",
+    ]
     accumulators = [n for n in training.graph.node if n.op_type == "InPlaceAccumulatorV2"]
     assert [n.name for n in accumulators] == ["GradientAccumulator1", "GradientAccumulator2", "GradientAccumulator3"]
     assert all(list(n.input)[2] == "lazy_reset_grad" for n in accumulators)
@@ -90,8 +119,9 @@ def test_names_follow_the_process_wide_counter_like_ort(tmp_path):
     first.mkdir()
     second.mkdir()
     generate(first)  # resets the counter first: a fresh process's names
-    artifacts.generate_artifacts(tiny_model(), requires_grad=["W1"], loss=artifacts.LossType.MSELoss,
-                                 artifact_directory=str(second))  # no reset: numbering continues
+    artifacts.generate_artifacts(
+        tiny_model(), requires_grad=["W1"], loss=artifacts.LossType.MSELoss, artifact_directory=str(second)
+    )  # no reset: numbering continues
     names = [onnx.load(str(d / "training_model.onnx")).graph.output[0].name for d in (first, second)]
     assert names == ["onnx::reducemean_output::6", "onnx::reducemean_output::15"]
 
@@ -101,15 +131,18 @@ def test_ir_version_capped_for_ort_1_19(tmp_path):
     assert {onnx.load(str(tmp_path / f)).ir_version for f in FILES[1:]} == {10}
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"loss": "mse"}, RuntimeError, "Unknown loss provided"),
-    ({"optimizer": "adamw"}, TypeError, "Unknown optimizer provided"),
-    ({"frozen_params": ["W1"]}, RuntimeError, "cannot be frozen and require gradient"),
-    ({"additional_output_names": "y"}, RuntimeError, "Expected additional output names to be a list"),
-    ({"custom_op_library": "/no/such/lib.so"}, RuntimeError, "does not exist"),
-    ({"requires_grad": ["W1", "nope"]}, ArtifactGenerationError, r"\['nope'\] are not parameters"),
-    ({"model": tiny_model(hidden_op="Acos")}, UnsupportedGradientError, r"no gradient for Acos"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"loss": "mse"}, RuntimeError, "Unknown loss provided"),
+        ({"optimizer": "adamw"}, TypeError, "Unknown optimizer provided"),
+        ({"frozen_params": ["W1"]}, RuntimeError, "cannot be frozen and require gradient"),
+        ({"additional_output_names": "y"}, RuntimeError, "Expected additional output names to be a list"),
+        ({"custom_op_library": "/no/such/lib.so"}, RuntimeError, "does not exist"),
+        ({"requires_grad": ["W1", "nope"]}, ArtifactGenerationError, r"\['nope'\] are not parameters"),
+        ({"model": tiny_model(hidden_op="Acos")}, UnsupportedGradientError, r"no gradient for Acos"),
+    ],
+)
 def test_bad_arguments_fail_before_any_file_is_written(tmp_path, kwargs, error, match):
     with pytest.raises(error, match=match):
         generate(tmp_path, **kwargs)
@@ -123,8 +156,11 @@ def test_parameters_fed_as_graph_inputs_are_named(tmp_path):
     for init in [i for i in model.graph.initializer if i.name in ("W1", "b1")]:
         model.graph.input.append(helper.make_tensor_value_info(init.name, TensorProto.FLOAT, list(init.dims)))
         model.graph.initializer.remove(init)
-    with pytest.raises(ArtifactGenerationError, match=r"requires_grad names \['W1', 'b1'\], which are graph inputs "
-                                                      r"of the model, not initializers.*export_params=True"):
+    with pytest.raises(
+        ArtifactGenerationError,
+        match=r"requires_grad names \['W1', 'b1'\], which are graph inputs "
+        r"of the model, not initializers.*export_params=True",
+    ):
         generate(tmp_path, model)
     assert list(tmp_path.iterdir()) == []
 
@@ -178,8 +214,10 @@ def test_load_checkpoint_to_model_round_trip(tmp_path):
     for init in model.graph.initializer:
         init.CopyFrom(numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(init)), init.name))
     onnxblock.load_checkpoint_to_model(tmp_path / "checkpoint", model)
-    assert all(np.array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))
-               for a, b in zip(model.graph.initializer, tiny_model().graph.initializer))
+    assert all(
+        np.array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))
+        for a, b in zip(model.graph.initializer, tiny_model().graph.initializer)
+    )
 
 
 def sum_of_losses(api=onnxblock, half_mse: bool = True):
@@ -215,24 +253,28 @@ def test_custom_loss_block_composes(tmp_path):
     rng = np.random.default_rng(3)
     x, target = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((4, 2)).astype(np.float32)
     params = {i.name: numpy_helper.to_array(i) for i in tiny_model().graph.initializer}
-    (loss,) = ReferenceEvaluator(onnx.load(str(tmp_path / "eval_model.onnx"))).run(None, {"x": x, "target": target,
-                                                                                         **params})
+    (loss,) = ReferenceEvaluator(onnx.load(str(tmp_path / "eval_model.onnx"))).run(
+        None, {"x": x, "target": target, **params}
+    )
     (y,) = ReferenceEvaluator(tiny_model()).run(None, {"x": x})
     np.testing.assert_allclose(loss, np.abs(y - target).mean() + 0.5 * ((y - target) ** 2).mean(), rtol=1e-6)
 
 
 def test_optimizer_blocks_carry_their_hyperparameters(tmp_path):
-    generate(tmp_path, optimizer=onnxblock.optim.AdamW(bias_correction=False, betas=(0.8, 0.99), eps=1e-7,
-                                                       weight_decay=0.1))
+    generate(
+        tmp_path, optimizer=onnxblock.optim.AdamW(bias_correction=False, betas=(0.8, 0.99), eps=1e-7, weight_decay=0.1)
+    )
     node = onnx.load(str(tmp_path / "optimizer_model.onnx")).graph.node[0]
     attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    assert attributes == pytest.approx({"alpha": 0.8, "beta": 0.99, "epsilon": 1e-7, "weight_decay": 0.1,
-                                        "correct_bias": 0, "adam_mode": 1})
+    assert attributes == pytest.approx(
+        {"alpha": 0.8, "beta": 0.99, "epsilon": 1e-7, "weight_decay": 0.1, "correct_bias": 0, "adam_mode": 1}
+    )
     generate(tmp_path, optimizer=artifacts.OptimType.SGD)
     graph = onnx.load(str(tmp_path / "optimizer_model.onnx")).graph
     assert [i.name for i in graph.input] == ["learning_rate", "step", "params", "gradients", "first_order_moments"]
     assert [(n.op_type, list(n.input)) for n in graph.node] == [
-        ("SGDOptimizerV2", ["learning_rate", "params", "gradients"])]
+        ("SGDOptimizerV2", ["learning_rate", "params", "gradients"])
+    ]
 
 
 def test_base_cannot_nest_and_blocks_need_a_base():
@@ -252,10 +294,18 @@ class SumOfLossesTraining(onnxblock.TrainingBlock):
 
 
 def _ort_spec(directory: pathlib.Path) -> dict:
-    return {"lr": 0.05, "seed": 5, "steps": 3, "accumulate_step": 2,
-            "inputs": [{"name": "x", "shape": [4, 3], "kind": "normal"},
-                       {"name": "target", "shape": [4, 2], "kind": "normal"}],
-            "trainable_params": ["W1", "b1", "W2"], "frozen_params": []}
+    return {
+        "lr": 0.05,
+        "seed": 5,
+        "steps": 3,
+        "accumulate_step": 2,
+        "inputs": [
+            {"name": "x", "shape": [4, 3], "kind": "normal"},
+            {"name": "target", "shape": [4, 2], "kind": "normal"},
+        ],
+        "trainable_params": ["W1", "b1", "W2"],
+        "frozen_params": [],
+    }
 
 
 def test_live_custom_loss_trains_like_ort_onnxblock(tmp_path, ort_api):
@@ -270,9 +320,13 @@ def test_live_custom_loss_trains_like_ort_onnxblock(tmp_path, ort_api):
     ours_dir.mkdir()
     ort_dir.mkdir()
     generate(ours_dir, loss=sum_of_losses(half_mse=False))
-    ort_artifacts.generate_artifacts(tiny_model(), requires_grad=["W1", "b1", "W2"],
-                                     loss=sum_of_losses(ort_onnxblock, half_mse=False), optimizer=ort_artifacts.OptimType.AdamW,
-                                     artifact_directory=str(ort_dir))
+    ort_artifacts.generate_artifacts(
+        tiny_model(),
+        requires_grad=["W1", "b1", "W2"],
+        loss=sum_of_losses(ort_onnxblock, half_mse=False),
+        optimizer=ort_artifacts.OptimType.AdamW,
+        artifact_directory=str(ort_dir),
+    )
     for path in ort_dir.glob("*.onnx"):
         prepare_for_artifacts.patch_ir_version_file(path)
     spec = _ort_spec(ort_dir)
@@ -286,9 +340,11 @@ def test_live_custom_loss_trains_like_ort_onnxblock(tmp_path, ort_api):
 def test_live_save_checkpoint_matches_ort_for_typed_fields(tmp_path, ort_api):
     from onnxruntime.training import onnxblock as ort_onnxblock
 
-    typed = [helper.make_tensor("a", TensorProto.FLOAT, [2, 2], [1.0, 2.0, 3.0, 4.0]),
-             helper.make_tensor("b", TensorProto.INT64, [3], [1, -2, 3]),
-             helper.make_tensor("c", TensorProto.DOUBLE, [], [0.5])]
+    typed = [
+        helper.make_tensor("a", TensorProto.FLOAT, [2, 2], [1.0, 2.0, 3.0, 4.0]),
+        helper.make_tensor("b", TensorProto.INT64, [3], [1, -2, 3]),
+        helper.make_tensor("c", TensorProto.DOUBLE, [], [0.5]),
+    ]
     typed[0].doc_string = "doc"
     ort_onnxblock.save_checkpoint((typed[:1], typed[1:]), str(tmp_path / "ort"))
     onnxblock.save_checkpoint((typed[:1], typed[1:]), tmp_path / "ours")
@@ -309,15 +365,31 @@ def test_live_same_signature_and_enums_as_ort(ort_api):
 
     from onnxruntime.training import artifacts as ort_artifacts
 
-    ours_sig, ort_sig = inspect.signature(artifacts.generate_artifacts), inspect.signature(
-        ort_artifacts.generate_artifacts)
-    assert [(p.name, p.default, p.kind) for p in ours_sig.parameters.values()] == \
-        [(p.name, p.default, p.kind) for p in ort_sig.parameters.values()]
-    for ours_enum, ort_enum in ((artifacts.LossType, ort_artifacts.LossType),
-                                (artifacts.OptimType, ort_artifacts.OptimType)):
+    ours_sig, ort_sig = (
+        inspect.signature(artifacts.generate_artifacts),
+        inspect.signature(ort_artifacts.generate_artifacts),
+    )
+    assert [(p.name, p.default, p.kind) for p in ours_sig.parameters.values()] == [
+        (p.name, p.default, p.kind) for p in ort_sig.parameters.values()
+    ]
+    for ours_enum, ort_enum in (
+        (artifacts.LossType, ort_artifacts.LossType),
+        (artifacts.OptimType, ort_artifacts.OptimType),
+    ):
         assert [(m.name, m.value) for m in ours_enum] == [(m.name, m.value) for m in ort_enum]
-    for name in ("blocks", "loss", "optim", "Block", "ForwardBlock", "TrainingBlock", "load_checkpoint_to_model",
-                 "save_checkpoint", "base", "custom_op_library", "empty_base"):
+    for name in (
+        "blocks",
+        "loss",
+        "optim",
+        "Block",
+        "ForwardBlock",
+        "TrainingBlock",
+        "load_checkpoint_to_model",
+        "save_checkpoint",
+        "base",
+        "custom_op_library",
+        "empty_base",
+    ):
         assert hasattr(onnxblock, name), name
 
 
@@ -354,8 +426,14 @@ def test_a_model_path_with_or_without_external_data(tmp_path, loss, layout):
     if layout == "plain":
         onnx.save(tiny_model(), str(model_path))
     else:
-        onnx.save(tiny_model(), str(model_path), save_as_external_data=True, size_threshold=0,
-                  all_tensors_to_one_file=layout == "external_one_file", location="weights.bin")
+        onnx.save(
+            tiny_model(),
+            str(model_path),
+            save_as_external_data=True,
+            size_threshold=0,
+            all_tensors_to_one_file=layout == "external_one_file",
+            location="weights.bin",
+        )
     out = tmp_path / "artifacts"
     out.mkdir()
     generate(out, str(model_path), loss=getattr(artifacts.LossType, loss))

@@ -18,6 +18,7 @@ onnx, numpy and flatbuffers installed: ``scripts/generate_fixture_artifacts.py``
 Adding a model is one line in ``ort_torch_compat.testing.artifact_fixtures.CONFIGS`` and a run of
 ``scripts/make_artifact_fixtures.py``.
 """
+
 from __future__ import annotations
 
 import json
@@ -80,8 +81,9 @@ def _same_values(mine: list, ort: list, symbolic_matches_any: bool) -> bool:
     for (name, elem, dims), (ort_name, ort_elem, ort_dims) in zip(mine, ort):
         if (name, elem) != (ort_name, ort_elem) or (dims is None) != (ort_dims is None):
             return False
-        if dims is not None and (len(dims) != len(ort_dims) or any(
-                d != o and not isinstance(d, str) for d, o in zip(dims, ort_dims))):
+        if dims is not None and (
+            len(dims) != len(ort_dims) or any(d != o and not isinstance(d, str) for d, o in zip(dims, ort_dims))
+        ):
             return False
     return True
 
@@ -98,8 +100,9 @@ def test_structure_matches_ort(fixture, generated):
             continue
         for part in ort[name]:
             if part in ("inputs", "outputs"):
-                assert _same_values(mine[name][part], ort[name][part], document.get("ort_static_twin", False)), \
+                assert _same_values(mine[name][part], ort[name][part], document.get("ort_static_twin", False)), (
                     f"{name} {part} differ from ORT's:\n{mine[name][part]}\n{ort[name][part]}"
+                )
             else:
                 assert mine[name][part] == ort[name][part], f"{name} {part} differ from ORT's"
 
@@ -148,8 +151,13 @@ def test_live_ort_own_artifacts_miss_a_broadcast_reduction_ours_do_not(tmp_path,
     model, args, in_names, out_names, _, training, _ = fixtures.build_model("decoder", "ce")
     exported = fixtures.export_model(config, model, args, in_names, out_names, training, dynamic=True)
     params = [i.name for i in exported.graph.initializer if i.name in dict(model.named_parameters())]
-    arguments = {"requires_grad": params, "frozen_params": [], "loss": "CrossEntropyLoss", "optimizer": "SGD",
-                 "kwargs": {}}
+    arguments = {
+        "requires_grad": params,
+        "frozen_params": [],
+        "loss": "CrossEntropyLoss",
+        "optimizer": "SGD",
+        "kwargs": {},
+    }
     ours_dir, ort_dir = tmp_path / "ours", tmp_path / "ort"
     ours_dir.mkdir()
     ort_dir.mkdir()
@@ -159,8 +167,13 @@ def test_live_ort_own_artifacts_miss_a_broadcast_reduction_ours_do_not(tmp_path,
     generator.generate_for_fixture(tmp_path / "fixture", ours_dir)
     fixtures.ort_generate(prepare_for_artifacts.prepare_model(exported), arguments, ort_dir)
 
-    spec = {"seed": 1, "inputs": [{"name": "x", "shape": [2, 6], "kind": "int", "high": 11},
-                                  {"name": "labels", "shape": [12], "kind": "int", "high": 5}]}
+    spec = {
+        "seed": 1,
+        "inputs": [
+            {"name": "x", "shape": [2, 6], "kind": "int", "high": 11},
+            {"name": "labels", "shape": [12], "kind": "int", "high": 5},
+        ],
+    }
     batch = make_batch(spec, 1, 1)
 
     def position_gradient(directory):

@@ -5,6 +5,7 @@ step's numbers, nothing outlives the process, and the cache can be filled ahead 
 The midway test compiles the MLP fixture once (15-60 s on a 2-core machine) into a cache
 that the ahead-of-time test then finds (run alone, that test compiles it itself).
 """
+
 from __future__ import annotations
 
 import os
@@ -129,8 +130,14 @@ def test_a_process_that_ends_mid_compile_leaves_nothing_behind(tmp_path, how):
     """A normal exit (atexit) or SIGKILL of the training process while the worker compiles:
     the worker and its compiler processes end, no scratch directory and no entry remain."""
     environment = dict(os.environ, **{compile_cache.CACHE_ENV: str(tmp_path)})
-    trainer = subprocess.Popen([sys.executable, "-c", _TRAINER, how], cwd=ROOT,
-                               env=environment, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", _TRAINER, how],
+        cwd=ROOT,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         worker = int(trainer.stdout.readline())
         root = tmp_path / "compiled"
@@ -185,11 +192,20 @@ def test_compile_ahead_of_time_then_the_first_step_runs_compiled(monkeypatch, sh
 
 def test_compile_names_inputs_it_does_not_know(tmp_path):
     environment = dict(os.environ, **{compile_cache.CACHE_ENV: str(tmp_path)})
-    result = subprocess.run([sys.executable, "-m", "ort_torch_compat", "compile", str(FIXTURES / CONFIG),
-                             "--input", "nope=2x3"], env=environment, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "ort_torch_compat", "compile", str(FIXTURES / CONFIG), "--input", "nope=2x3"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 1
     assert "unknown input(s) ['nope']" in result.stderr and "give a shape for" in result.stderr
-    usage = subprocess.run([sys.executable, "-m", "ort_torch_compat", "compile", str(FIXTURES / CONFIG),
-                            "--input", "2x3"], capture_output=True, text=True, timeout=120)
+    usage = subprocess.run(
+        [sys.executable, "-m", "ort_torch_compat", "compile", str(FIXTURES / CONFIG), "--input", "2x3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert usage.returncode == 2 and "NAME=SHAPE" in usage.stderr
     assert not pathlib.Path(tmp_path, "compiled").exists() or not list(pathlib.Path(tmp_path, "compiled").iterdir())

@@ -5,6 +5,7 @@ Groups: artifacts, checkpoint bytes, step inputs, API misuse, saving, security.
 ORT 1.19.2's own behaviour is in the ORT training semantics spec (§1.2, §1.10, §7);
 where ours differs (earlier or clearer errors, atomic saves) the test says so.
 """
+
 from __future__ import annotations
 
 import errno
@@ -27,9 +28,9 @@ from ort_torch_compat.errors import InvalidInputError, ModelLoadError, ModelMism
 from ort_torch_compat.testing.scenario import make_batch
 from tests.conftest import FIXTURES, load_spec
 
-SGD = FIXTURES / "mlp_mse_sgd_op17"      # small MLP, inputs x[4,6] float32, target[4,3] float32
+SGD = FIXTURES / "mlp_mse_sgd_op17"  # small MLP, inputs x[4,6] float32, target[4,3] float32
 ADAMW = FIXTURES / "mlp_mse_adamw_op17"
-CE = FIXTURES / "mlp_ce_adamw_op17"      # int64 class-label input
+CE = FIXTURES / "mlp_ce_adamw_op17"  # int64 class-label input
 FROZEN = FIXTURES / "frozen_mse_sgd_op17"  # fc2.* frozen
 CNN = FIXTURES / "cnn_mse_sgd_op17"
 
@@ -169,12 +170,18 @@ def _set_dims(info, dims):
 @pytest.mark.parametrize(
     "edit, pattern",
     [
-        (lambda i: _set_dims(i["fc1.weight"], [6, 12]),
-         r"parameter 'fc1.weight': checkpoint shape \[12, 6\] but eval model .*eval_model.onnx declares \[6, 12\]"),
-        (lambda i: setattr(i["fc2.bias"].type.tensor_type, "elem_type", onnx.TensorProto.DOUBLE),
-         r"parameter 'fc2.bias': checkpoint dtype FLOAT but eval model .*declares DOUBLE"),
-        (lambda i: setattr(i["target"].type.tensor_type, "elem_type", onnx.TensorProto.INT64),
-         r"eval model .*eval_model.onnx does not match the training model: input 'target' is tensor\(int64\)"),
+        (
+            lambda i: _set_dims(i["fc1.weight"], [6, 12]),
+            r"parameter 'fc1.weight': checkpoint shape \[12, 6\] but eval model .*eval_model.onnx declares \[6, 12\]",
+        ),
+        (
+            lambda i: setattr(i["fc2.bias"].type.tensor_type, "elem_type", onnx.TensorProto.DOUBLE),
+            r"parameter 'fc2.bias': checkpoint dtype FLOAT but eval model .*declares DOUBLE",
+        ),
+        (
+            lambda i: setattr(i["target"].type.tensor_type, "elem_type", onnx.TensorProto.INT64),
+            r"eval model .*eval_model.onnx does not match the training model: input 'target' is tensor\(int64\)",
+        ),
     ],
     ids=["param-shape", "param-dtype", "input-dtype"],
 )
@@ -229,6 +236,7 @@ def _drop(name):
         ms = record.module_state
         ms.trainable[:] = [t for t in ms.trainable if t.name != name]
         ms.frozen[:] = [t for t in ms.frozen if t.name != name]
+
     return edit
 
 
@@ -243,6 +251,7 @@ def _reshape(name, dims):
         tensor = find(record.module_state.trainable, name)
         assert math.prod(dims) * 4 == len(tensor.raw_data)
         tensor.dims = dims
+
     return edit
 
 
@@ -251,15 +260,24 @@ def _retype(name):
         tensor = find(record.module_state.trainable, name)
         tensor.data_type = 11  # DOUBLE: reinterpret as float64 with half the elements
         tensor.dims = (len(tensor.raw_data) // 8,)
+
     return edit
 
 
 @pytest.mark.parametrize(
     "edit, error, pattern",
     [
-        (_drop("fc2.weight"), ModelMismatchError, r"trains parameter\(s\) \['fc2.weight'\].*checkpoint does not contain"),
+        (
+            _drop("fc2.weight"),
+            ModelMismatchError,
+            r"trains parameter\(s\) \['fc2.weight'\].*checkpoint does not contain",
+        ),
         (_extra, ModelMismatchError, r"checkpoint parameter\(s\) \['extra.weight'\] are not inputs of training model"),
-        (_reshape("fc1.weight", (6, 12)), ModelMismatchError, r"parameter 'fc1.weight': checkpoint shape \[6, 12\] but"),
+        (
+            _reshape("fc1.weight", (6, 12)),
+            ModelMismatchError,
+            r"parameter 'fc1.weight': checkpoint shape \[6, 12\] but",
+        ),
         (_reshape("fc1.bias", (3, 4)), ModelMismatchError, r"parameter 'fc1.bias': checkpoint shape \[3, 4\] but"),
         (_retype("fc1.bias"), ModelMismatchError, r"parameter 'fc1.bias': checkpoint dtype DOUBLE but .* FLOAT"),
     ],
@@ -287,6 +305,7 @@ def test_checkpoint_with_unsupported_dtype_is_a_format_error():
     def to_string(record):
         tensor = find(record.module_state.trainable, "fc1.bias")
         tensor.data_type, tensor.raw_data, tensor.string_data = 8, b"", ["a"] * math.prod(tensor.dims)
+
     with pytest.raises(CheckpointFormatError, match=r"checkpoint <buffer>: .*STRING"):
         api.CheckpointState.load_checkpoint(edited_checkpoint(SGD, to_string))
 
@@ -412,7 +431,9 @@ def test_external_data_short(external_checkpoint, keep):
     size = len(blob) - 1 if keep == -1 else int(len(blob) * keep)
     with open(data_path, "wb") as handle:
         handle.write(blob[:size])
-    with pytest.raises(CheckpointFormatError, match=rf"^checkpoint {data_path}: truncated: tensor '.*' external data needs"):
+    with pytest.raises(
+        CheckpointFormatError, match=rf"^checkpoint {data_path}: truncated: tensor '.*' external data needs"
+    ):
         api.CheckpointState.load_checkpoint(external_checkpoint)
 
 
@@ -453,8 +474,9 @@ def _apply(data: bytearray, mutation) -> bytearray:
     return data
 
 
-@settings(derandomize=True, database=None, deadline=None, max_examples=500,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    derandomize=True, database=None, deadline=None, max_examples=500, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(_mutations())
 def test_mutated_checkpoint_through_public_api(mutations):
     """Any mutation either loads (a valid file) or raises CheckpointFormatError, nothing else."""
@@ -496,8 +518,11 @@ def test_too_few_and_too_many_inputs(trained):
 def test_wrong_dtype(trained):
     _, module, optimizer = trained
     x, target = batch()
-    with pytest.raises(InvalidInputError, match=r"unexpected input data type for 'target'. Actual: tensor\(double\), "
-                                              r"expected: tensor\(float\); cast it, e.g. target.astype\(numpy.float32\)"):
+    with pytest.raises(
+        InvalidInputError,
+        match=r"unexpected input data type for 'target'. Actual: tensor\(double\), "
+        r"expected: tensor\(float\); cast it, e.g. target.astype\(numpy.float32\)",
+    ):
         module(x, target.astype(np.float64))
     with pytest.raises(InvalidInputError, match=r"unexpected input data type for 'x'. Actual: tensor\(int64\)"):
         module(x.astype(np.int64), target)
@@ -518,8 +543,11 @@ def test_wrong_label_dtype_for_classification():
 def test_labels_with_an_extra_axis_say_how_to_reshape():
     _, module, optimizer = build(CE)
     x, labels = batch(CE)
-    with pytest.raises(InvalidInputError, match=r"input 'labels': \[4, 1\], expected \[4\]: 2 dimension\(s\) where the "
-                                                r"model declares 1; reshape it, e.g. labels.reshape\(4\)"):
+    with pytest.raises(
+        InvalidInputError,
+        match=r"input 'labels': \[4, 1\], expected \[4\]: 2 dimension\(s\) where the "
+        r"model declares 1; reshape it, e.g. labels.reshape\(4\)",
+    ):
         module(x, labels.reshape(-1, 1))
     assert_usable(module, optimizer, CE)
 
@@ -698,7 +726,9 @@ def test_session_buffer_errors():
     state = capi.load_checkpoint(SGD / "checkpoint")
     session = capi.TrainingSession(state, SGD / "training_model.onnx")
     size = session.get_parameters_size(False)
-    with pytest.raises(InvalidInputError, match=rf"Parameters buffer size incorrect. Expected:{size}, Actual:{size - 1}"):
+    with pytest.raises(
+        InvalidInputError, match=rf"Parameters buffer size incorrect. Expected:{size}, Actual:{size - 1}"
+    ):
         session.copy_parameters_to_buffer(False, buffer=np.zeros(size - 1, np.float32))
     with pytest.raises(InvalidInputError, match="Data types must match"):
         session.copy_parameters_to_buffer(False, buffer=np.zeros(size, np.float64))
@@ -757,16 +787,27 @@ def test_parameter_assignment_wrong_shape_or_dtype(trained):
 
 def test_released_session_refuses_every_call():
     state = capi.load_checkpoint(SGD / "checkpoint")
-    with capi.TrainingSession(state, SGD / "training_model.onnx", SGD / "eval_model.onnx",
-                              SGD / "optimizer_model.onnx") as session:
+    with capi.TrainingSession(
+        state, SGD / "training_model.onnx", SGD / "eval_model.onnx", SGD / "optimizer_model.onnx"
+    ) as session:
         session.train_step(batch())
     assert session.released
-    for call, args in [("train_step", (batch(),)), ("eval_step", (batch(),)), ("optimizer_step", ()),
-                       ("get_learning_rate", ()), ("set_learning_rate", (0.1,)), ("lazy_reset_grad", ()),
-                       ("copy_parameters_to_buffer", ()), ("get_parameters_size", ()),
-                       ("training_model_input_names", ())]:
-        with pytest.raises(ReleasedError, match=rf"TrainingSession\(train_model='.*training_model.onnx'\) has been "
-                                                rf"released.*{call}\(\) cannot be called"):
+    for call, args in [
+        ("train_step", (batch(),)),
+        ("eval_step", (batch(),)),
+        ("optimizer_step", ()),
+        ("get_learning_rate", ()),
+        ("set_learning_rate", (0.1,)),
+        ("lazy_reset_grad", ()),
+        ("copy_parameters_to_buffer", ()),
+        ("get_parameters_size", ()),
+        ("training_model_input_names", ()),
+    ]:
+        with pytest.raises(
+            ReleasedError,
+            match=rf"TrainingSession\(train_model='.*training_model.onnx'\) has been "
+            rf"released.*{call}\(\) cannot be called",
+        ):
             getattr(session, call)(*args)
     with pytest.raises(ReleasedError):
         session.state
@@ -974,11 +1015,14 @@ def test_loading_never_unpickles(monkeypatch, tmp_path):
         assert_usable(module, optimizer, directory)
         api.CheckpointState.save_checkpoint(state, tmp_path / "ckpt", include_optimizer_state=True)
         again = capi.load_checkpoint_from_buffer((tmp_path / "ckpt").read_bytes())
-        capi.TrainingSession(again, directory / "training_model.onnx", optimizer_model=directory / "optimizer_model.onnx")
+        capi.TrainingSession(
+            again, directory / "training_model.onnx", optimizer_model=directory / "optimizer_model.onnx"
+        )
 
 
 def test_a_pickle_is_not_a_checkpoint(tmp_path):
     """A pickle file (even a malicious one) is rejected as a format error, never executed."""
+
     class Boom:
         def __reduce__(self):
             return (os.system, ("touch " + str(tmp_path / "pwned"),))

@@ -13,6 +13,7 @@ Opt-in (disk, memory, minutes): ``ORT_TORCH_COMPAT_BIG_TESTS=1 pytest tests/test
 Measured on a loaded 2-core machine (onnxruntime-training 1.19.2): writing the model 74 s,
 generate_artifacts 136 s, ours load + 1 step 22 s, ORT load + 1 step 23 s; 4.8 min in all.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-big = pytest.mark.skipif(os.environ.get("ORT_TORCH_COMPAT_BIG_TESTS") != "1",
-                         reason="over-2-GB model: set ORT_TORCH_COMPAT_BIG_TESTS=1 (needs ~5 GB of disk, ~8 GB RAM)")
+big = pytest.mark.skipif(
+    os.environ.get("ORT_TORCH_COMPAT_BIG_TESTS") != "1",
+    reason="over-2-GB model: set ORT_TORCH_COMPAT_BIG_TESTS=1 (needs ~5 GB of disk, ~8 GB RAM)",
+)
 
 BIG_ROWS = 36_000_000  # x 5 columns x 4 bytes = 720 MB per tensor
 BIG_COUNT = 3
@@ -54,8 +57,9 @@ def write_big_model(directory: pathlib.Path) -> pathlib.Path:
             for start in range(0, BIG_ROWS, chunk):
                 handle.write(_big_values(k, start, min(BIG_ROWS, start + chunk)).tobytes())
             length = BIG_ROWS * 5 * 4
-            tensor = TensorProto(name=f"Big{k}", data_type=TensorProto.FLOAT, dims=[BIG_ROWS, 5],
-                                 data_location=TensorProto.EXTERNAL)
+            tensor = TensorProto(
+                name=f"Big{k}", data_type=TensorProto.FLOAT, dims=[BIG_ROWS, 5], data_location=TensorProto.EXTERNAL
+            )
             for key, value in (("location", data_file.name), ("offset", str(offset)), ("length", str(length))):
                 entry = tensor.external_data.add()
                 entry.key, entry.value = key, value
@@ -65,8 +69,13 @@ def write_big_model(directory: pathlib.Path) -> pathlib.Path:
     for k in range(BIG_COUNT):
         nodes.append(helper.make_node("Gather", [f"Big{k}", "rows"], [f"g{k}"], axis=0))
         nodes.append(helper.make_node("Add", [f"h{k}", f"g{k}"], [f"h{k + 1}" if k + 1 < BIG_COUNT else "y"]))
-    graph = helper.make_graph(nodes, "big", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 5])], [w1, b1, rows, *bigs])
+    graph = helper.make_graph(
+        nodes,
+        "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 5])],
+        [w1, b1, rows, *bigs],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     path = directory / "model.onnx"
@@ -106,10 +115,14 @@ def test_generate_artifacts_for_a_model_over_2_gb(tmp_path):
     out = tmp_path / "artifacts"
     out.mkdir()
     start = time.perf_counter()
-    artifacts.generate_artifacts(str(model_path), requires_grad=["W1", "b1"],
-                                 frozen_params=[f"Big{k}" for k in range(BIG_COUNT)],
-                                 loss=artifacts.LossType.MSELoss, optimizer=artifacts.OptimType.AdamW,
-                                 artifact_directory=str(out))
+    artifacts.generate_artifacts(
+        str(model_path),
+        requires_grad=["W1", "b1"],
+        frozen_params=[f"Big{k}" for k in range(BIG_COUNT)],
+        loss=artifacts.LossType.MSELoss,
+        optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=str(out),
+    )
     timings["generate_artifacts"] = time.perf_counter() - start
     files = {p.name: p.stat().st_size for p in out.iterdir()}
     assert {"training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint"} <= set(files)
@@ -166,10 +179,14 @@ def test_path_models_check_through_one_shared_tensor_file(tmp_path, monkeypatch)
         out = tmp_path / form
         out.mkdir()
         onnxblock.reset_name_counter()
-        artifacts.generate_artifacts(str(model_path) if form == "path" else onnx.load(str(model_path)),
-                                     requires_grad=["W1", "b1"], frozen_params=[f"Big{k}" for k in range(BIG_COUNT)],
-                                     loss=artifacts.LossType.MSELoss, optimizer=artifacts.OptimType.AdamW,
-                                     artifact_directory=str(out))
+        artifacts.generate_artifacts(
+            str(model_path) if form == "path" else onnx.load(str(model_path)),
+            requires_grad=["W1", "b1"],
+            frozen_params=[f"Big{k}" for k in range(BIG_COUNT)],
+            loss=artifacts.LossType.MSELoss,
+            optimizer=artifacts.OptimType.AdamW,
+            artifact_directory=str(out),
+        )
         outputs[form] = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
     assert len(made) == 1 and not os.path.exists(made[0].path)  # used for the path form only, then removed
     assert outputs["path"] == outputs["proto"]

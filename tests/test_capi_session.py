@@ -10,6 +10,7 @@
   (1.19 Python) argument swap.
 * set_seed makes Dropout reproducible; release / context-manager lifecycle.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -41,8 +42,10 @@ NO_SCHEDULER = "No learning rate scheduler was registered. Please register a val
 
 def _files(config: str) -> dict:
     d = FIXTURES / config
-    return {name: (d / name).read_bytes()
-            for name in ("checkpoint", "training_model.onnx", "eval_model.onnx", "optimizer_model.onnx")}
+    return {
+        name: (d / name).read_bytes()
+        for name in ("checkpoint", "training_model.onnx", "eval_model.onnx", "optimizer_model.onnx")
+    }
 
 
 def _session_from_buffers(config: str, **kwargs) -> TrainingSession:
@@ -174,7 +177,11 @@ def test_full_capi_loop_from_buffers(tmp_path):
     state.add_property("epoch", 3)
     state.add_property("best_loss", 0.25)
     state.add_property("run", "capi")
-    assert (state.get_property("epoch"), state.get_property("best_loss"), state.get_property("run")) == (3, 0.25, "capi")
+    assert (state.get_property("epoch"), state.get_property("best_loss"), state.get_property("run")) == (
+        3,
+        0.25,
+        "capi",
+    )
     with pytest.raises(KeyError):
         state.get_property("missing")
 
@@ -325,7 +332,8 @@ def test_scheduler_lr_sequence_equals_documented_formula():
             session.scheduler_step()
             trace.append(session.get_learning_rate())
         expected = [float(np.float32(initial_lr))] + [
-            straight_lr_at(s, warmup, total, initial_lr) for s in range(1, len(trace))]
+            straight_lr_at(s, warmup, total, initial_lr) for s in range(1, len(trace))
+        ]
         np.testing.assert_allclose(trace, expected, rtol=1e-7, atol=0, err_msg=f"W={warmup} T={total}")
         session.release()
 
@@ -400,7 +408,9 @@ def test_input_and_output_kinds():
     x, labels = _inputs(spec, 1, 1, ["x", "labels"])
     as_numpy = session.eval_step([x, labels])
     assert isinstance(as_numpy, list) and isinstance(as_numpy[0], np.ndarray)
-    as_ortvalue = session.eval_step([dropin.OrtValue.ortvalue_from_numpy(x), dropin.OrtValue.ortvalue_from_numpy(labels)])
+    as_ortvalue = session.eval_step(
+        [dropin.OrtValue.ortvalue_from_numpy(x), dropin.OrtValue.ortvalue_from_numpy(labels)]
+    )
     assert isinstance(as_ortvalue[0], dropin.OrtValue)
     as_torch = session.eval_step((torch.from_numpy(x), torch.from_numpy(labels)))
     assert isinstance(as_torch[0], torch.Tensor)
@@ -449,8 +459,12 @@ def test_optional_eval_and_optimizer_models(tmp_path):
         session.eval_step(inputs)
     with pytest.raises(ModelLoadError, match="Eval model was not provided"):
         session.export_model_for_inferencing(tmp_path / "m.onnx", ["y"])
-    for call, args in [("optimizer_step", ()), ("set_learning_rate", (0.1,)), ("get_learning_rate", ()),
-                       ("register_linear_lr_scheduler", (1, 2, 0.1))]:
+    for call, args in [
+        ("optimizer_step", ()),
+        ("set_learning_rate", (0.1,)),
+        ("get_learning_rate", ()),
+        ("register_linear_lr_scheduler", (1, 2, 0.1)),
+    ]:
         with pytest.raises(ModelLoadError, match="No optimizer model"):
             getattr(session, call)(*args)
     with pytest.raises(TypeError):
@@ -465,8 +479,12 @@ def test_nominal_checkpoint_completed_from_buffer():
     d = FIXTURES / config
     full = _session_from_paths(config)
     buffer = full.to_buffer(False)
-    nominal = TrainingSession(load_checkpoint(d / "nominal_checkpoint"), d / "training_model.onnx",
-                              d / "eval_model.onnx", d / "optimizer_model.onnx")
+    nominal = TrainingSession(
+        load_checkpoint(d / "nominal_checkpoint"),
+        d / "training_model.onnx",
+        d / "eval_model.onnx",
+        d / "optimizer_model.onnx",
+    )
     assert nominal.get_parameters_size(False) == full.get_parameters_size(False)
     inputs = _inputs(spec, 1, 1, nominal.training_model_input_names())
     with pytest.raises(NominalStateError):
@@ -498,8 +516,9 @@ def dropout_artifacts(tmp_path_factory) -> pathlib.Path:
 def _dropout_run(directory: pathlib.Path, seed: int) -> tuple:
     set_seed(seed)
     state = load_checkpoint(directory / "checkpoint")
-    session = TrainingSession(state, directory / "training_model.onnx", directory / "eval_model.onnx",
-                              directory / "optimizer_model.onnx")
+    session = TrainingSession(
+        state, directory / "training_model.onnx", directory / "eval_model.onnx", directory / "optimizer_model.onnx"
+    )
     rng = np.random.default_rng(0)  # the data is fixed; only the dropout masks depend on the seed
     x = rng.standard_normal((4, 6)).astype(np.float32)
     target = rng.standard_normal((4, 3)).astype(np.float32)
@@ -551,14 +570,30 @@ def test_release_and_context_manager(tmp_path):
         state = session.state
     assert session.released
     calls = {
-        "train_step": (inputs,), "eval_step": (inputs,), "lazy_reset_grad": (), "optimizer_step": (),
-        "set_learning_rate": (0.1,), "get_learning_rate": (), "register_linear_lr_scheduler": (1, 2, 0.1),
-        "scheduler_step": (), "get_parameters_size": (True,), "copy_parameters_to_buffer": (True,),
-        "to_buffer": (True,), "copy_buffer_to_parameters": (np.zeros(215, np.float32), True),
-        "from_buffer": (np.zeros(215, np.float32),), "export_model_for_inferencing": (str(tmp_path / "m.onnx"), ["y"]),
-        "training_model_input_names": (), "training_model_output_names": (), "eval_model_input_names": (),
-        "eval_model_output_names": (), "training_model_input_count": (), "training_model_output_count": (),
-        "eval_model_input_count": (), "eval_model_output_count": (), "input_names": (True,), "output_names": (False,),
+        "train_step": (inputs,),
+        "eval_step": (inputs,),
+        "lazy_reset_grad": (),
+        "optimizer_step": (),
+        "set_learning_rate": (0.1,),
+        "get_learning_rate": (),
+        "register_linear_lr_scheduler": (1, 2, 0.1),
+        "scheduler_step": (),
+        "get_parameters_size": (True,),
+        "copy_parameters_to_buffer": (True,),
+        "to_buffer": (True,),
+        "copy_buffer_to_parameters": (np.zeros(215, np.float32), True),
+        "from_buffer": (np.zeros(215, np.float32),),
+        "export_model_for_inferencing": (str(tmp_path / "m.onnx"), ["y"]),
+        "training_model_input_names": (),
+        "training_model_output_names": (),
+        "eval_model_input_names": (),
+        "eval_model_output_names": (),
+        "training_model_input_count": (),
+        "training_model_output_count": (),
+        "eval_model_input_count": (),
+        "eval_model_output_count": (),
+        "input_names": (True,),
+        "output_names": (False,),
     }
     for name, args in calls.items():
         with pytest.raises(ReleasedError) as info:
@@ -585,7 +620,10 @@ def test_release_and_context_manager(tmp_path):
 def test_checkpoint_functions(tmp_path):
     data = (FIXTURES / "mlp_ce_adamw_op17" / "checkpoint").read_bytes()
     state = load_checkpoint_from_buffer(bytearray(data))
-    assert isinstance(state, ort_torch_compat.CheckpointState) and ort_torch_compat.CheckpointState is dropin.CheckpointState
+    assert (
+        isinstance(state, ort_torch_compat.CheckpointState)
+        and ort_torch_compat.CheckpointState is dropin.CheckpointState
+    )
     assert isinstance(load_checkpoint_from_buffer(memoryview(data)), dropin.CheckpointState)
     with pytest.raises(TypeError, match="load_checkpoint_from_buffer"):
         load_checkpoint(data)
@@ -601,11 +639,19 @@ def test_checkpoint_functions(tmp_path):
 
 
 C_API_NAMES = {
-    "train_step": "TrainStep", "eval_step": "EvalStep", "lazy_reset_grad": "LazyResetGrad",
-    "optimizer_step": "OptimizerStep", "set_learning_rate": "SetLearningRate", "get_learning_rate": "GetLearningRate",
-    "register_linear_lr_scheduler": "RegisterLinearLRScheduler", "scheduler_step": "SchedulerStep",
-    "get_parameters_size": "GetParametersSize", "copy_parameters_to_buffer": "CopyParametersToBuffer",
-    "copy_buffer_to_parameters": "CopyBufferToParameters", "to_buffer": "ToBuffer", "from_buffer": "FromBuffer",
+    "train_step": "TrainStep",
+    "eval_step": "EvalStep",
+    "lazy_reset_grad": "LazyResetGrad",
+    "optimizer_step": "OptimizerStep",
+    "set_learning_rate": "SetLearningRate",
+    "get_learning_rate": "GetLearningRate",
+    "register_linear_lr_scheduler": "RegisterLinearLRScheduler",
+    "scheduler_step": "SchedulerStep",
+    "get_parameters_size": "GetParametersSize",
+    "copy_parameters_to_buffer": "CopyParametersToBuffer",
+    "copy_buffer_to_parameters": "CopyBufferToParameters",
+    "to_buffer": "ToBuffer",
+    "from_buffer": "FromBuffer",
     "export_model_for_inferencing": "ExportModelForInferencing",
     "training_model_input_names": "TrainingSessionGetTrainingModelInputName",
     "training_model_output_names": "TrainingSessionGetTrainingModelOutputName",
@@ -615,15 +661,21 @@ C_API_NAMES = {
     "training_model_output_count": "TrainingSessionGetTrainingModelOutputCount",
     "eval_model_input_count": "TrainingSessionGetEvalModelInputCount",
     "eval_model_output_count": "TrainingSessionGetEvalModelOutputCount",
-    "input_names": "InputNames", "output_names": "OutputNames", "release": "ReleaseTrainingSession",
+    "input_names": "InputNames",
+    "output_names": "OutputNames",
+    "release": "ReleaseTrainingSession",
 }
 
 
 def test_docstrings_and_docs_name_the_c_api_functions():
     for method, c_name in C_API_NAMES.items():
         assert c_name in inspect.getdoc(getattr(TrainingSession, method)), method
-    for function, c_name in [(load_checkpoint, "LoadCheckpoint"), (load_checkpoint_from_buffer, "LoadCheckpointFromBuffer"),
-                             (save_checkpoint, "SaveCheckpoint"), (set_seed, "SetSeed")]:
+    for function, c_name in [
+        (load_checkpoint, "LoadCheckpoint"),
+        (load_checkpoint_from_buffer, "LoadCheckpointFromBuffer"),
+        (save_checkpoint, "SaveCheckpoint"),
+        (set_seed, "SetSeed"),
+    ]:
         assert c_name in inspect.getdoc(function)
     assert "CreateTrainingSessionFromBuffer" in inspect.getdoc(TrainingSession)
     doc = pathlib.Path(__file__).resolve().parents[1] / "docs" / "c_api.md"
@@ -632,7 +684,18 @@ def test_docstrings_and_docs_name_the_c_api_functions():
         for name in C_API_NAMES.values():  # C API, C# and Objective-C names
             assert name in text, name
         c_api = [n for n in C_API_NAMES.values() if n not in ("ToBuffer", "FromBuffer", "InputNames", "OutputNames")]
-        for c_name in c_api + ["LoadCheckpoint", "LoadCheckpointFromBuffer", "SaveCheckpoint", "SetSeed", "AddProperty",
-                               "GetProperty", "UpdateParameter", "GetParameter", "GetParameterTypeAndShape",
-                               "CreateTrainingSession", "CreateTrainingSessionFromBuffer", "ReleaseCheckpointState"]:
+        for c_name in c_api + [
+            "LoadCheckpoint",
+            "LoadCheckpointFromBuffer",
+            "SaveCheckpoint",
+            "SetSeed",
+            "AddProperty",
+            "GetProperty",
+            "UpdateParameter",
+            "GetParameter",
+            "GetParameterTypeAndShape",
+            "CreateTrainingSession",
+            "CreateTrainingSessionFromBuffer",
+            "ReleaseCheckpointState",
+        ]:
             assert f"`{c_name}`" in text, c_name  # a row (or the index-name paragraph) of the mapping

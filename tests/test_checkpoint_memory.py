@@ -9,6 +9,7 @@ straight into their storage: it may add the loaded state itself, not a second co
 file (the old reader held up to four).  Both the inline layout and the pair with external
 data are checked.  Peak RSS does not depend on machine load, so the bounds are tight.
 """
+
 from __future__ import annotations
 
 import json
@@ -74,14 +75,22 @@ def _can_reset_peak() -> bool:
         return False
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or not _can_reset_peak(),
-                    reason="needs Linux's /proc/self/clear_refs to reset the peak RSS")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not _can_reset_peak(),
+    reason="needs Linux's /proc/self/clear_refs to reset the peak RSS",
+)
 @pytest.mark.parametrize("external", [False, True], ids=["inline", "external-data"])
 def test_save_and_load_hold_no_extra_copy_of_the_state(tmp_path, external):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    out = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "ckpt"), "1" if external else "0"],
-                         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "ckpt"), "1" if external else "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     size = report["data_bytes"]  # 192 MiB

@@ -1,4 +1,5 @@
 """The `ort-torch-compat` command: exit codes, messages, export, progress output."""
+
 from __future__ import annotations
 
 import pathlib
@@ -35,8 +36,10 @@ def test_errors_are_one_line_naming_the_file(tmp_path, capsys):
         (["inspect", str(tmp_path / "absent")], str(tmp_path / "absent")),
         (["to-torch", str(CODEC / "artifact_checkpoint"), str(tmp_path / "out.txt")], "out.txt"),
         (["to-torch", str(CODEC / "artifact_checkpoint"), str(tmp_path / "no" / "dir.pt")], str(tmp_path / "no")),
-        (["to-torch", str(CODEC / "artifact_nominal_checkpoint"), str(tmp_path / "n.pt")],
-         "artifact_nominal_checkpoint"),
+        (
+            ["to-torch", str(CODEC / "artifact_nominal_checkpoint"), str(tmp_path / "n.pt")],
+            "artifact_nominal_checkpoint",
+        ),
         (["export", str(tmp_path), str(tmp_path / "m.onnx")], str(tmp_path / "checkpoint")),
         (["export", str(ARTIFACTS), str(tmp_path / "m.onnx"), "--outputs", "nope"], "eval_model.onnx"),
     ]
@@ -55,8 +58,11 @@ def test_export_matches_the_torch_module(tmp_path, capsys):
     assert [i.name for i in model.graph.input] == ["features"]
     features = np.random.default_rng(0).standard_normal((5, 2)).astype(np.float32)
     with torch.no_grad():
-        expected = to_torch_module(ARTIFACTS / "training_model.onnx", ARTIFACTS / "checkpoint",
-                                   with_loss=False).eval()(torch.from_numpy(features)).numpy()
+        expected = (
+            to_torch_module(ARTIFACTS / "training_model.onnx", ARTIFACTS / "checkpoint", with_loss=False)
+            .eval()(torch.from_numpy(features))
+            .numpy()
+        )
     from ort_torch_compat.engine.model_io import opset_map
     from ort_torch_compat.graph import build_graph_module
 
@@ -79,16 +85,18 @@ def test_console_script_is_installed(tmp_path):
     command = shutil.which("ort-torch-compat") or str(pathlib.Path(sys.executable).parent / "ort-torch-compat")
     if not pathlib.Path(command).exists():
         pytest.skip("the console script is not installed (pip install -e .)")
-    result = subprocess.run([command, "inspect", str(CODEC / "state_sgd_checkpoint"), "--json"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [command, "inspect", str(CODEC / "state_sgd_checkpoint"), "--json"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0 and '"moments": [\n        "momentum0"' in result.stdout
     assert result.stderr == ""  # piped: no progress output
     result = subprocess.run([command, "from-torch"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
 
 
-@pytest.mark.parametrize("entry", [["-m", "ort_torch_compat"], ["-c", "from ort_torch_compat.cli import main; "
-                                                                     "raise SystemExit(main())"]])
+@pytest.mark.parametrize(
+    "entry", [["-m", "ort_torch_compat"], ["-c", "from ort_torch_compat.cli import main; raise SystemExit(main())"]]
+)
 def test_version_on_both_entry_points(entry):
     from ort_torch_compat import __version__
 
@@ -104,8 +112,10 @@ def test_run_of_a_missing_module_is_one_line(capsys):
 
 def test_files_that_are_not_checkpoints_are_named_for_what_they_are(tmp_path, capsys):
     torch.save({"w": torch.zeros(2)}, tmp_path / "weights.pt")
-    cases = {ROOT / "tests" / "fixtures" / "mlp_ce_adamw_op17" / "training_model.onnx": "looks like an ONNX model",
-             tmp_path / "weights.pt": "zip archive (a PyTorch .pt file?)"}
+    cases = {
+        ROOT / "tests" / "fixtures" / "mlp_ce_adamw_op17" / "training_model.onnx": "looks like an ONNX model",
+        tmp_path / "weights.pt": "zip archive (a PyTorch .pt file?)",
+    }
     for path, guess in cases.items():
         assert main(["inspect", str(path)]) == 1
         assert guess in capsys.readouterr().err
@@ -121,8 +131,13 @@ def test_to_torch_says_when_it_writes_a_pickle(tmp_path, capsys):
 def test_api_without_torch_says_what_to_install(tmp_path):
     blocker = tmp_path / "torch.py"
     blocker.write_text("raise ImportError(\"No module named 'torch'\")\n")
-    done = subprocess.run([sys.executable, "-c", "import ort_torch_compat.api"], capture_output=True, text=True,
-                          timeout=60, env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [sys.executable, "-c", "import ort_torch_compat.api"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 1 and "pip install torch" in done.stderr and "ort_torch_compat.artifacts" in done.stderr
 
 
@@ -130,8 +145,13 @@ def test_a_wrong_parameter_value_names_the_parameter():
     from ort_torch_compat.api import CheckpointState
 
     state = CheckpointState.load_checkpoint(ARTIFACTS / "checkpoint")
-    with pytest.raises(RuntimeError, match=r"Parameter data shape mismatch\. Expected: \{16, 2\}, Got: \{3, 3\}\. "
-                                           r"Parameter '0\.weight' takes a numpy array of shape \(16, 2\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"Parameter data shape mismatch\. Expected: \{16, 2\}, Got: \{3, 3\}\. "
+        r"Parameter '0\.weight' takes a numpy array of shape \(16, 2\)",
+    ):
         state.parameters["0.weight"] = np.zeros((3, 3), np.float32)
-    with pytest.raises(RuntimeError, match=r"type mismatch\. Expected: float32, Got: float64\. .*astype\(np\.float32\)"):
+    with pytest.raises(
+        RuntimeError, match=r"type mismatch\. Expected: float32, Got: float64\. .*astype\(np\.float32\)"
+    ):
         state.parameters["0.weight"] = np.zeros((16, 2), np.float64)

@@ -4,6 +4,7 @@ Fixtures under tests/fixtures/codec/ were written by onnxruntime-training 1.19.2
 (scripts/make_codec_fixtures.py); expected.json holds what ORT reported about them.  Tests
 marked "live" need onnxruntime-training and are skipped without it.
 """
+
 from __future__ import annotations
 
 import copy
@@ -126,11 +127,16 @@ def test_artifact_dtypes_content(name):
             assert t.doc_string == w.get("doc_string", "")
             if w["dtype"] == "STRING":
                 assert t.string_data == w["values"]
-                assert tensor_record_to_numpy(t).tolist() == np.array(w["values"], dtype=object).reshape(w["dims"]).tolist()
+                assert (
+                    tensor_record_to_numpy(t).tolist()
+                    == np.array(w["values"], dtype=object).reshape(w["dims"]).tolist()
+                )
             else:
                 assert sha(t.raw_data) == w["sha256"]
                 if "values" in w:
-                    np.testing.assert_array_equal(tensor_record_to_numpy(t).reshape(-1), np.array(w["values"], dtype=D.numpy_dtype(t.data_type)))
+                    np.testing.assert_array_equal(
+                        tensor_record_to_numpy(t).reshape(-1), np.array(w["values"], dtype=D.numpy_dtype(t.data_type))
+                    )
 
 
 def _check_state_params(rec: CheckpointRecord, exp: dict):
@@ -147,8 +153,9 @@ def _check_state_params(rec: CheckpointRecord, exp: dict):
         assert sha(t.raw_data) == p["sha256"]
         assert (t.name in trainable) is p["requires_grad"]
         if "values" in p:
-            np.testing.assert_array_equal(tensor_record_to_numpy(t).reshape(-1),
-                                          np.array(p["values"], dtype=D.numpy_dtype(t.data_type)))
+            np.testing.assert_array_equal(
+                tensor_record_to_numpy(t).reshape(-1), np.array(p["values"], dtype=D.numpy_dtype(t.data_type))
+            )
 
 
 @pytest.mark.parametrize("name", [n for n in WRITER_B if n != "state_noparams_checkpoint"])
@@ -250,7 +257,10 @@ def test_state_external_checkpoint_layout():
     assert data == _expected_external_layout(rec)  # 4/8 padding, no header, no tail padding
     # no tensor in the main file carries raw bytes: every param is external, even 1-byte ones
     assert by_name(rec)["b1"].raw_data == b"\x01"
-    assert data.find(by_name(rec)["w"].raw_data) >= 0 and fixture_bytes("state_external_checkpoint").find(by_name(rec)["w"].raw_data) < 0
+    assert (
+        data.find(by_name(rec)["w"].raw_data) >= 0
+        and fixture_bytes("state_external_checkpoint").find(by_name(rec)["w"].raw_data) < 0
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -276,9 +286,12 @@ def test_streamed_payloads_do_not_change_the_bytes(monkeypatch, hole_bytes):
 
     big = tensor_record_from_numpy("big", np.arange(70000, dtype=np.float32))  # above the default 64 KiB
     records = [read_checkpoint(FIX / name) for name in FIXTURES]
-    records.append(CheckpointRecord(module_state=ModuleStateRecord([big, tensor_record_from_numpy("b", np.ones(3))], []),
-                                    optimizer_groups=[OptimizerGroupRecord("group0", 2, 0.1, [
-                                        ParameterOptimizerStateRecord("big", [big])])]))
+    records.append(
+        CheckpointRecord(
+            module_state=ModuleStateRecord([big, tensor_record_from_numpy("b", np.ones(3))], []),
+            optimizer_groups=[OptimizerGroupRecord("group0", 2, 0.1, [ParameterOptimizerStateRecord("big", [big])])],
+        )
+    )
     expected = [encode_checkpoint(r) for r in records] + [encode_checkpoint(records[-1], external_min_bytes=0)]
     monkeypatch.setattr(E, "HOLE_BYTES", hole_bytes)
     again = [encode_checkpoint(r) for r in records] + [encode_checkpoint(records[-1], external_min_bytes=0)]
@@ -324,7 +337,9 @@ def test_state_writer_record_sorts_optimizer_state(optim):
 def test_state_writer_record_external():
     rec = read_checkpoint(FIX / "state_external_checkpoint")
     ms = rec.module_state
-    out = state_writer_record(list(reversed(ms.trainable)), ms.frozen, properties=rec.properties, has_external_data=True)
+    out = state_writer_record(
+        list(reversed(ms.trainable)), ms.frozen, properties=rec.properties, has_external_data=True
+    )
     main, ext = encode_checkpoint(out, external_min_bytes=state_writer_external_min_bytes(True))
     assert main == fixture_bytes("state_external_checkpoint")
     assert ext == (FIX / "state_external_checkpoint.data").read_bytes()
@@ -383,7 +398,10 @@ def test_empty_int64_vector_alignment_quirk_matters(monkeypatch):
     """ORT's nominal files hold only empty dims; a naive int64 vector would add 4 bytes."""
     from ort_torch_compat.codec import encode as E
 
-    ours = {n: encode_checkpoint(read_checkpoint(FIX / n))[0] for n in ("artifact_nominal_checkpoint", "artifact_dtypes_nominal_checkpoint")}
+    ours = {
+        n: encode_checkpoint(read_checkpoint(FIX / n))[0]
+        for n in ("artifact_nominal_checkpoint", "artifact_dtypes_nominal_checkpoint")
+    }
     real = E._Encoder.int64_vector
 
     def naive(self, values, what):
@@ -407,8 +425,22 @@ def test_empty_int64_vector_alignment_quirk_matters(monkeypatch):
 # ---------------------------------------------------------------------------------------
 # dtypes
 # ---------------------------------------------------------------------------------------
-ALL_NUMPY = ["float32", "float16", "float64", "int8", "int16", "int32", "int64",
-             "uint8", "uint16", "uint32", "uint64", "bool", "complex64", "complex128"]
+ALL_NUMPY = [
+    "float32",
+    "float16",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "bool",
+    "complex64",
+    "complex128",
+]
 
 
 def _sample(dtype, shape):
@@ -424,7 +456,9 @@ def _sample(dtype, shape):
     return rng.standard_normal(shape).astype(dt)
 
 
-@pytest.mark.parametrize("dtype", ALL_NUMPY + ["bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"])
+@pytest.mark.parametrize(
+    "dtype", ALL_NUMPY + ["bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"]
+)
 @pytest.mark.parametrize("shape", [(), (0,), (3,), (2, 3, 1)])
 def test_dtype_roundtrip_numpy_and_file(dtype, shape):
     import ml_dtypes
@@ -826,8 +860,10 @@ def test_missing_file_and_directory(tmp_path):
 
 
 def test_truncated_message_names_tensor_and_sizes():
-    rec = CheckpointRecord(module_state=ModuleStateRecord(
-        [tensor_record_from_numpy("fc1.weight", np.ones((32, 32), np.float32))], []), optimizer_groups=[])
+    rec = CheckpointRecord(
+        module_state=ModuleStateRecord([tensor_record_from_numpy("fc1.weight", np.ones((32, 32), np.float32))], []),
+        optimizer_groups=[],
+    )
     main, _ = encode_checkpoint(rec)
     raw_at = main.find(rec.module_state.trainable[0].raw_data)
     # lie about the raw_data length (the u32 right before the payload)
@@ -947,7 +983,9 @@ def test_encoder_validates_values():
         encode_checkpoint(CheckpointRecord(module_state=ms, properties={"x": 2**63}))
     with pytest.raises(TypeError):
         encode_checkpoint(CheckpointRecord(module_state=ms, properties={"x": [1]}))
-    rec = CheckpointRecord(module_state=ms, properties={"inf": 1e300, "np": np.float32(0.5), "i": np.int64(7), "t": True})
+    rec = CheckpointRecord(
+        module_state=ms, properties={"inf": 1e300, "np": np.float32(0.5), "i": np.int64(7), "t": True}
+    )
     back = decode_checkpoint(encode_checkpoint(rec)[0]).properties
     assert back == {"i": 7, "t": 1, "inf": math.inf, "np": 0.5}
     with pytest.raises(ValueError):
@@ -1012,7 +1050,8 @@ def test_live_ort_optimizer_state_roundtrip(ort_api, tmp_path):
     g.step = 41
     g.initial_learning_rate = 0.125
     g.states[0].momentums[0] = tensor_record_from_numpy(
-        "momentum0", np.full(g.states[0].momentums[0].dims, 0.5, np.float32))
+        "momentum0", np.full(g.states[0].momentums[0].dims, 0.5, np.float32)
+    )
     write_checkpoint(rec, tmp_path / "ours")
     state = ort_api.load_checkpoint(str(tmp_path / "ours"))
     ort_api.save_checkpoint(state, str(tmp_path / "theirs"), include_optimizer_state=True)
@@ -1034,8 +1073,12 @@ def test_live_ort_writer_a_matches_artifact_writer_record(ort_api, tmp_path):
     from onnxruntime.training import onnxblock
 
     rng = np.random.default_rng(4)
-    arrays = {"z": rng.standard_normal((2, 2)).astype(np.float32), "a": np.arange(3, dtype=np.int64),
-              "m": np.array(1.5, np.float64), "h": np.ones(3, np.float16)}
+    arrays = {
+        "z": rng.standard_normal((2, 2)).astype(np.float32),
+        "a": np.arange(3, dtype=np.int64),
+        "m": np.array(1.5, np.float64),
+        "h": np.ones(3, np.float16),
+    }
     protos = {k: numpy_helper.from_array(v, k) for k, v in arrays.items()}
     protos["m"].doc_string = "scalar"
     tr = [protos["z"], protos["h"]]

@@ -7,6 +7,7 @@
 
 Hypothesis runs derandomized (fixed examples, no example database) so CI is repeatable.
 """
+
 from __future__ import annotations
 
 import struct
@@ -110,7 +111,7 @@ def test_splices(a, b, cuts):
     da, db = SEEDS[a], SEEDS[b]
     i, j, k, l_ = (c % (len(d) + 1) for c, d in zip(cuts, (da, db, db, da)))
     j, k = min(j, k), max(j, k)
-    check(da[:i] + db[j:k] + da[max(i, l_):], EXT_FOR.get(a))
+    check(da[:i] + db[j:k] + da[max(i, l_) :], EXT_FOR.get(a))
 
 
 @FUZZ
@@ -147,7 +148,11 @@ def tensors(draw, consistent: bool = False) -> TensorRecord:
         return TensorRecord(name, int(TensorDataType.STRING), dims, b"", draw(names), strings)
     code = int(draw(st.sampled_from(FIXED_CODES)))
     if consistent or draw(st.booleans()):
-        raw = draw(st.binary(min_size=int(np.prod(dims)) * element_size(code), max_size=int(np.prod(dims)) * element_size(code)))
+        raw = draw(
+            st.binary(
+                min_size=int(np.prod(dims)) * element_size(code), max_size=int(np.prod(dims)) * element_size(code)
+            )
+        )
     else:
         dims = tuple(draw(st.lists(i64, max_size=3)))  # the codec keeps whatever the record holds
         raw = draw(st.binary(max_size=40))
@@ -157,40 +162,59 @@ def tensors(draw, consistent: bool = False) -> TensorRecord:
 @st.composite
 def records(draw) -> CheckpointRecord:
     external = draw(st.booleans())
-    ms = draw(st.none() | st.builds(
-        ModuleStateRecord,
-        st.lists(tensors(consistent=external), max_size=4),
-        st.lists(tensors(consistent=external), max_size=3),
-        st.booleans(),
-        st.just(external),
-    ))
-    groups = draw(st.none() | st.lists(st.builds(
-        OptimizerGroupRecord,
-        names,
-        i64,
-        f32,
-        st.lists(st.builds(ParameterOptimizerStateRecord, names, st.lists(tensors(), max_size=2)), max_size=3),
-    ), max_size=2))
+    ms = draw(
+        st.none()
+        | st.builds(
+            ModuleStateRecord,
+            st.lists(tensors(consistent=external), max_size=4),
+            st.lists(tensors(consistent=external), max_size=3),
+            st.booleans(),
+            st.just(external),
+        )
+    )
+    groups = draw(
+        st.none()
+        | st.lists(
+            st.builds(
+                OptimizerGroupRecord,
+                names,
+                i64,
+                f32,
+                st.lists(st.builds(ParameterOptimizerStateRecord, names, st.lists(tensors(), max_size=2)), max_size=3),
+            ),
+            max_size=2,
+        )
+    )
     props = draw(st.none() | st.dictionaries(names, i64 | f32 | st.text(max_size=8), max_size=6))
     return CheckpointRecord(2, ms, groups, props)
 
 
-@settings(derandomize=True, database=None, deadline=None, max_examples=500,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    derandomize=True,
+    database=None,
+    deadline=None,
+    max_examples=500,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(records(), st.sampled_from([None, 0, 4, 16]))
 def test_random_records_roundtrip(rec, min_bytes):
     if min_bytes is not None and rec.module_state is not None and not rec.module_state.has_external_data:
         for t in rec.module_state.trainable + rec.module_state.frozen:
-            if t.data_type != TensorDataType.STRING and len(t.raw_data) != int(np.prod(t.dims)) * element_size(t.data_type):
+            if t.data_type != TensorDataType.STRING and len(t.raw_data) != int(np.prod(t.dims)) * element_size(
+                t.data_type
+            ):
                 min_bytes = None  # inconsistent tensors can only be stored inline
                 break
     main, ext = encode_checkpoint(rec, external_min_bytes=min_bytes)
     back = decode_checkpoint(main, external_data=ext)
     want = rec
     if min_bytes is not None and rec.module_state is not None:
-        want = CheckpointRecord(rec.version, ModuleStateRecord(
-            rec.module_state.trainable, rec.module_state.frozen, rec.module_state.is_nominal, True),
-            rec.optimizer_groups, rec.properties)
+        want = CheckpointRecord(
+            rec.version,
+            ModuleStateRecord(rec.module_state.trainable, rec.module_state.frozen, rec.module_state.is_nominal, True),
+            rec.optimizer_groups,
+            rec.properties,
+        )
     assert back == want
     # and the decoded record reproduces the same bytes
     assert encode_checkpoint(back, external_min_bytes=min_bytes) == (main, ext)

@@ -6,6 +6,7 @@ message naming the file, never loaded, never hang.  A train step that meets one 
 once, removes it (when it is ours) and compiles again.  (A real compiled entry loading from
 a sound cache: tests/test_compiled.py and tests/test_background_compile.py.)
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,16 @@ from ort_torch_compat.legacy import SessionOptions
 from tests.conftest import FIXTURES
 
 KEY = "0123456789abcdef" * 2
-LAYOUT = {"num_outputs": 1, "mutated": [], "grad_outputs": [0], "no_grad_inputs": [0], "activation_strides": [[2, 1]],
-          "trace_constants": [], "eager_ms": 2.0, "compiled_ms": 1.0}
+LAYOUT = {
+    "num_outputs": 1,
+    "mutated": [],
+    "grad_outputs": [0],
+    "no_grad_inputs": [0],
+    "activation_strides": [[2, 1]],
+    "trace_constants": [],
+    "eager_ms": 2.0,
+    "compiled_ms": 1.0,
+}
 
 
 def _publish(root: pathlib.Path, key: str = KEY) -> pathlib.Path:
@@ -204,9 +213,15 @@ class _NeverDone:
 
 
 def _inputs(engine) -> list:
-    return [torch.from_numpy(np.ones([d if isinstance(d, int) else 8 for d in spec.shape],
-                                     dtype=np.float32 if spec.elem_type == 1 else np.int64))
-            for spec in engine.train_io.user_inputs]
+    return [
+        torch.from_numpy(
+            np.ones(
+                [d if isinstance(d, int) else 8 for d in spec.shape],
+                dtype=np.float32 if spec.elem_type == 1 else np.int64,
+            )
+        )
+        for spec in engine.train_io.user_inputs
+    ]
 
 
 def _first_step(engine) -> None:

@@ -8,6 +8,7 @@ real compilation (cached under .pytest_cache, so only the first run after a chan
 compiler path pays it) matches eager steps and loads from the cache; every fallback warns
 once and trains eagerly.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,16 @@ def _clones(tensors) -> list:
     return [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
 
 
-@pytest.mark.parametrize("config", ["cnn_ce_adamw_op17", "transformer_ce_adamw_op17", "lstm_ce_adamw_op17",
-                                    "tensorops_mse_adamw_op17", "twoout_mse_adamw_lossinput_addout_op17"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        "cnn_ce_adamw_op17",
+        "transformer_ce_adamw_op17",
+        "lstm_ce_adamw_op17",
+        "tensorops_mse_adamw_op17",
+        "twoout_mse_adamw_lossinput_addout_op17",
+    ],
+)
 def test_specialized_graph_computes_what_the_module_computes(config):
     engine, spec = _engine(config, **{compiled.CONFIG_KEY: "off"})
     module = engine.train_module
@@ -64,7 +73,7 @@ def test_specialized_graph_computes_what_the_module_computes(config):
     results = specialized.module(*every)
     actual = results[: specialized.num_outputs]
     with torch.no_grad():  # what the compiled step does with the trailing outputs
-        for index, value in zip(specialized.mutated, results[specialized.num_outputs:]):
+        for index, value in zip(specialized.mutated, results[specialized.num_outputs :]):
             every[index].copy_(value)
     assert len(actual) == len(expected)
     for a, e in zip(actual, expected):
@@ -96,8 +105,12 @@ def test_random_operators_are_not_specialized():
     directory = FIXTURES / "dropout"
     state = CheckpointState.load_checkpoint(directory / "checkpoint")
     engine = TrainingEngine(state._state, str(directory / "training_model.onnx"))
-    feeds = [torch.randn(*[d or 1 for d in spec.shape]) if spec.elem_type == 1 else
-             torch.zeros([d or 1 for d in spec.shape], dtype=torch.int64) for spec in engine.train_io.user_inputs]
+    feeds = [
+        torch.randn(*[d or 1 for d in spec.shape])
+        if spec.elem_type == 1
+        else torch.zeros([d or 1 for d in spec.shape], dtype=torch.int64)
+        for spec in engine.train_io.user_inputs
+    ]
     with pytest.raises(NotSpecializable, match="random"):
         specialize(engine.train_module, feeds + engine._train_params)
 
@@ -140,8 +153,11 @@ def _train(engine: TrainingEngine, spec: dict, steps: int) -> list:
         outputs = engine.train_step(_feeds(engine, spec, step))
         engine.lazy_reset_grad()
         params = [engine.state.parameters[name].tensor for name in engine.train_io.param_names()]
-        record.append([o.clone() for o in outputs] + [p.grad.clone() for p in params if p.grad is not None]
-                      + [p.detach().clone() for p in params])
+        record.append(
+            [o.clone() for o in outputs]
+            + [p.grad.clone() for p in params if p.grad is not None]
+            + [p.detach().clone() for p in params]
+        )
     return record
 
 
@@ -275,7 +291,7 @@ def test_cache_key_follows_shapes_and_graph_not_parameter_values():
 
 
 def test_auto_compiles_in_the_background_from_the_first_step(monkeypatch, tmp_path, inline_worker):
-    """"auto" starts the worker at the first step (in the background) and trains eagerly
+    """ "auto" starts the worker at the first step (in the background) and trains eagerly
     until it is done; "on" waits for it; a failed compile leaves eager steps and one warning."""
     monkeypatch.setenv(compile_cache.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(compiled, "_reported", set())

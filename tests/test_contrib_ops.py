@@ -15,6 +15,7 @@ Two kinds of test, both with ORT 1.19.2 as the reference:
   (ReduceAllL2, SoftmaxCrossEntropyLossInternal's output_type, NegativeLogLikelihoodLossInternal),
   against ORT's CPU kernel, with a float64 gradcheck.
 """
+
 from __future__ import annotations
 
 import json
@@ -81,8 +82,12 @@ def _ours(model: onnx.ModelProto, feeds: Dict[str, np.ndarray], dtype=None) -> L
 
 def _close(ours, expected: np.ndarray) -> None:
     ours = ours.detach().numpy() if isinstance(ours, torch.Tensor) else ours
-    assert ours.dtype == expected.dtype and ours.shape == expected.shape, (ours.dtype, ours.shape, expected.dtype,
-                                                                           expected.shape)
+    assert ours.dtype == expected.dtype and ours.shape == expected.shape, (
+        ours.dtype,
+        ours.shape,
+        expected.dtype,
+        expected.shape,
+    )
     if expected.dtype == np.bool_:
         np.testing.assert_array_equal(ours, expected)
     else:
@@ -147,43 +152,85 @@ B4 = RNG.standard_normal(4).astype(np.float32)
 
 
 def _gelu_bias():
-    return _model([
-        h.make_node("MatMul", ["x", "w"], ["mm"]), h.make_node("Add", ["mm", "b"], ["a"]),
-        h.make_node("Div", ["a", "sqrt2"], ["d"]), h.make_node("Erf", ["d"], ["e"]),
-        h.make_node("Add", ["e", "one"], ["e1"]), h.make_node("Mul", ["a", "e1"], ["m"]),
-        h.make_node("Mul", ["m", "half"], ["y"])], [X24], [Y],
-        [_const("w", W44), _const("b", B4), _const("sqrt2", 1.4142135), _const("one", 1.0), _const("half", 0.5)])
+    return _model(
+        [
+            h.make_node("MatMul", ["x", "w"], ["mm"]),
+            h.make_node("Add", ["mm", "b"], ["a"]),
+            h.make_node("Div", ["a", "sqrt2"], ["d"]),
+            h.make_node("Erf", ["d"], ["e"]),
+            h.make_node("Add", ["e", "one"], ["e1"]),
+            h.make_node("Mul", ["a", "e1"], ["m"]),
+            h.make_node("Mul", ["m", "half"], ["y"]),
+        ],
+        [X24],
+        [Y],
+        [_const("w", W44), _const("b", B4), _const("sqrt2", 1.4142135), _const("one", 1.0), _const("half", 0.5)],
+    )
 
 
 def _gelu():
-    return _model([
-        h.make_node("Div", ["x", "sqrt2"], ["d"]), h.make_node("Erf", ["d"], ["e"]),
-        h.make_node("Add", ["e", "one"], ["e1"]), h.make_node("Mul", ["x", "e1"], ["m"]),
-        h.make_node("Mul", ["m", "half"], ["y"])], [X24], [Y],
-        [_const("sqrt2", 1.4142135), _const("one", 1.0), _const("half", 0.5)])
+    return _model(
+        [
+            h.make_node("Div", ["x", "sqrt2"], ["d"]),
+            h.make_node("Erf", ["d"], ["e"]),
+            h.make_node("Add", ["e", "one"], ["e1"]),
+            h.make_node("Mul", ["x", "e1"], ["m"]),
+            h.make_node("Mul", ["m", "half"], ["y"]),
+        ],
+        [X24],
+        [Y],
+        [_const("sqrt2", 1.4142135), _const("one", 1.0), _const("half", 0.5)],
+    )
 
 
 def _quick_gelu():
-    return _model([h.make_node("Mul", ["x", "a"], ["xa"]), h.make_node("Sigmoid", ["xa"], ["s"]),
-                   h.make_node("Mul", ["x", "s"], ["y"])], [X24], [Y], [_const("a", 1.702)])
+    return _model(
+        [
+            h.make_node("Mul", ["x", "a"], ["xa"]),
+            h.make_node("Sigmoid", ["xa"], ["s"]),
+            h.make_node("Mul", ["x", "s"], ["y"]),
+        ],
+        [X24],
+        [Y],
+        [_const("a", 1.702)],
+    )
 
 
 def _layer_norm():
-    return _model([
-        h.make_node("ReduceMean", ["x"], ["mu"], axes=[-1]), h.make_node("Sub", ["x", "mu"], ["d"]),
-        h.make_node("Pow", ["d", "two"], ["p"]), h.make_node("ReduceMean", ["p"], ["var"], axes=[-1]),
-        h.make_node("Add", ["var", "eps"], ["ve"]), h.make_node("Sqrt", ["ve"], ["sd"]),
-        h.make_node("Div", ["d", "sd"], ["n"]), h.make_node("Mul", ["n", "g"], ["ng"]),
-        h.make_node("Add", ["ng", "b"], ["y"])], [X24], [Y],
-        [_const("two", 2.0), _const("eps", 1e-5), _const("g", RNG.standard_normal(4)), _const("b", B4)], opset=13)
+    return _model(
+        [
+            h.make_node("ReduceMean", ["x"], ["mu"], axes=[-1]),
+            h.make_node("Sub", ["x", "mu"], ["d"]),
+            h.make_node("Pow", ["d", "two"], ["p"]),
+            h.make_node("ReduceMean", ["p"], ["var"], axes=[-1]),
+            h.make_node("Add", ["var", "eps"], ["ve"]),
+            h.make_node("Sqrt", ["ve"], ["sd"]),
+            h.make_node("Div", ["d", "sd"], ["n"]),
+            h.make_node("Mul", ["n", "g"], ["ng"]),
+            h.make_node("Add", ["ng", "b"], ["y"]),
+        ],
+        [X24],
+        [Y],
+        [_const("two", 2.0), _const("eps", 1e-5), _const("g", RNG.standard_normal(4)), _const("b", B4)],
+        opset=13,
+    )
 
 
 def _rms_norm():
-    return _model([
-        h.make_node("Pow", ["x", "two"], ["p"]), h.make_node("ReduceMean", ["p"], ["var"], axes=[-1]),
-        h.make_node("Add", ["var", "eps"], ["ve"]), h.make_node("Sqrt", ["ve"], ["sd"]),
-        h.make_node("Div", ["x", "sd"], ["n"]), h.make_node("Mul", ["n", "g"], ["y"])], [X24], [Y],
-        [_const("two", 2.0), _const("eps", 1e-5), _const("g", RNG.standard_normal(4))], opset=13)
+    return _model(
+        [
+            h.make_node("Pow", ["x", "two"], ["p"]),
+            h.make_node("ReduceMean", ["p"], ["var"], axes=[-1]),
+            h.make_node("Add", ["var", "eps"], ["ve"]),
+            h.make_node("Sqrt", ["ve"], ["sd"]),
+            h.make_node("Div", ["x", "sd"], ["n"]),
+            h.make_node("Mul", ["n", "g"], ["y"]),
+        ],
+        [X24],
+        [Y],
+        [_const("two", 2.0), _const("eps", 1e-5), _const("g", RNG.standard_normal(4))],
+        opset=13,
+    )
 
 
 def _concat():
@@ -191,45 +238,90 @@ def _concat():
 
 
 def _batch_norm():
-    return _model([h.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["y", "rm", "rv"], training_mode=1)],
-                  [_vi("x", [3, 2, 4])], [Y],
-                  [_const("g", [1.5, 0.5]), _const("b", [0.1, -0.2]), _const("m", [0.0, 0.0]), _const("v", [1.0, 1.0])],
-                  opset=15)
+    return _model(
+        [h.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["y", "rm", "rv"], training_mode=1)],
+        [_vi("x", [3, 2, 4])],
+        [Y],
+        [_const("g", [1.5, 0.5]), _const("b", [0.1, -0.2]), _const("m", [0.0, 0.0]), _const("v", [1.0, 1.0])],
+        opset=15,
+    )
 
 
 def _lstm():
-    return _model([h.make_node("LSTM", ["x", "W", "R", "B"], ["y"], hidden_size=3)], [_vi("x", [4, 2, 2])], [Y],
-                  [_const("W", RNG.standard_normal((1, 12, 2)) * 0.5), _const("R", RNG.standard_normal((1, 12, 3)) * 0.5),
-                   _const("B", RNG.standard_normal((1, 24)) * 0.1)])
+    return _model(
+        [h.make_node("LSTM", ["x", "W", "R", "B"], ["y"], hidden_size=3)],
+        [_vi("x", [4, 2, 2])],
+        [Y],
+        [
+            _const("W", RNG.standard_normal((1, 12, 2)) * 0.5),
+            _const("R", RNG.standard_normal((1, 12, 3)) * 0.5),
+            _const("B", RNG.standard_normal((1, 24)) * 0.1),
+        ],
+    )
 
 
 def _gru():
-    return _model([h.make_node("GRU", ["x", "W", "R", "B"], ["y"], hidden_size=3, linear_before_reset=1)],
-                  [_vi("x", [4, 2, 2])], [Y],
-                  [_const("W", RNG.standard_normal((1, 9, 2)) * 0.5), _const("R", RNG.standard_normal((1, 9, 3)) * 0.5),
-                   _const("B", RNG.standard_normal((1, 18)) * 0.1)])
+    return _model(
+        [h.make_node("GRU", ["x", "W", "R", "B"], ["y"], hidden_size=3, linear_before_reset=1)],
+        [_vi("x", [4, 2, 2])],
+        [Y],
+        [
+            _const("W", RNG.standard_normal((1, 9, 2)) * 0.5),
+            _const("R", RNG.standard_normal((1, 9, 3)) * 0.5),
+            _const("B", RNG.standard_normal((1, 18)) * 0.1),
+        ],
+    )
 
 
 def _is_inf_reduce_sum():
-    return _model([h.make_node("IsInf", ["x"], ["i"]), h.make_node("Cast", ["i"], ["ci"], to=T.INT64),
-                   h.make_node("ReduceSum", ["ci"], ["r"], keepdims=0), h.make_node("Greater", ["r", "zero"], ["y"])],
-                  [X24], [_vi("y", None, T.BOOL)], [_const("zero", 0, np.int64)], opset=13)
+    return _model(
+        [
+            h.make_node("IsInf", ["x"], ["i"]),
+            h.make_node("Cast", ["i"], ["ci"], to=T.INT64),
+            h.make_node("ReduceSum", ["ci"], ["r"], keepdims=0),
+            h.make_node("Greater", ["r", "zero"], ["y"]),
+        ],
+        [X24],
+        [_vi("y", None, T.BOOL)],
+        [_const("zero", 0, np.int64)],
+        opset=13,
+    )
 
 
 def _scaled_sum():
-    return _model([h.make_node("Div", ["x", "s1"], ["a"]), h.make_node("Div", ["x2", "s2"], ["b"]),
-                   h.make_node("Add", ["a", "b"], ["s"]), h.make_node("Relu", ["s"], ["y"])],
-                  [X24, _vi("x2", [2, 4])], [Y], [_const("s1", 2.0), _const("s2", 0.5)])
+    return _model(
+        [
+            h.make_node("Div", ["x", "s1"], ["a"]),
+            h.make_node("Div", ["x2", "s2"], ["b"]),
+            h.make_node("Add", ["a", "b"], ["s"]),
+            h.make_node("Relu", ["s"], ["y"]),
+        ],
+        [X24, _vi("x2", [2, 4])],
+        [Y],
+        [_const("s1", 2.0), _const("s2", 0.5)],
+    )
 
 
 def _log_softmax_nll():
     # torch's cross_entropy as ORT's exporter writes it; ORT fuses it into SoftmaxCrossEntropyLossInternal.
     # (The logits come from a node: ORT 1.19.2's fusion crashes the process when LogSoftmax reads a graph input.)
-    return _model([h.make_node("MatMul", ["x", "w"], ["z"]), h.make_node("LogSoftmax", ["z"], ["l"], axis=1),
-                   h.make_node("NegativeLogLikelihoodLossInternal", ["l", "label", "", "ignore"], ["y"],
-                               domain="com.microsoft", reduction="mean")],
-                  [_vi("x", [3, 4]), _vi("label", [3], T.INT64)], [Y],
-                  [_const("ignore", -1, np.int64), _const("w", RNG.standard_normal((4, 5)))], opset=12)
+    return _model(
+        [
+            h.make_node("MatMul", ["x", "w"], ["z"]),
+            h.make_node("LogSoftmax", ["z"], ["l"], axis=1),
+            h.make_node(
+                "NegativeLogLikelihoodLossInternal",
+                ["l", "label", "", "ignore"],
+                ["y"],
+                domain="com.microsoft",
+                reduction="mean",
+            ),
+        ],
+        [_vi("x", [3, 4]), _vi("label", [3], T.INT64)],
+        [Y],
+        [_const("ignore", -1, np.int64), _const("w", RNG.standard_normal((4, 5)))],
+        opset=12,
+    )
 
 
 def _transpose():
@@ -293,8 +385,10 @@ def test_fusion_written_by_ort_converts(name, fused_models):
     for model in (fused, original):
         module, inputs = _module(model)
         module = module.double()  # constants too
-        tensors = [torch.from_numpy(feeds[n]).double() if feeds[n].dtype == np.float32 else torch.from_numpy(feeds[n])
-                   for n in inputs]
+        tensors = [
+            torch.from_numpy(feeds[n]).double() if feeds[n].dtype == np.float32 else torch.from_numpy(feeds[n])
+            for n in inputs
+        ]
         tensors[inputs.index(grad_input)].requires_grad_(True)
         out = module(*tensors)
         out = out[0] if isinstance(out, (tuple, list)) else out
@@ -308,10 +402,13 @@ def test_fusion_written_by_ort_converts(name, fused_models):
 
 # ---- single nodes ---------------------------------------------------------------------------------
 
+
 def _single(op: str, feeds: Dict[str, np.ndarray], attrs, out_types, opset: int = 17, inits=()):
     init_names = {t.name for t in inits}
     node = h.make_node(op, list(feeds), [f"y{i}" for i in range(len(out_types))], domain="com.microsoft", **attrs)
-    inputs = [_vi(n, list(v.shape), h.np_dtype_to_tensor_dtype(v.dtype)) for n, v in feeds.items() if n not in init_names]
+    inputs = [
+        _vi(n, list(v.shape), h.np_dtype_to_tensor_dtype(v.dtype)) for n, v in feeds.items() if n not in init_names
+    ]
     return _model([node], inputs, [_vi(f"y{i}", None, t) for i, t in enumerate(out_types)], inits, opset)
 
 
@@ -363,8 +460,12 @@ def test_sce_internal_output_type(in_dtype, output_type, reduction):
     """CastSceLossFusion folds a float16 -> float Cast into SoftmaxCrossEntropyLossInternal with
     output_type: ORT returns loss and log_prob in output_type."""
     feeds = {"x": RNG.standard_normal((4, 5)).astype(in_dtype), "label": np.array([0, 4, 2, 1], np.int64)}
-    model = _single("SoftmaxCrossEntropyLossInternal", feeds, {"reduction": reduction, "output_type": output_type},
-                    [output_type, output_type])
+    model = _single(
+        "SoftmaxCrossEntropyLossInternal",
+        feeds,
+        {"reduction": reduction, "output_type": output_type},
+        [output_type, output_type],
+    )
     expected = _ort_run(model, feeds)
     ours = _ours(model, feeds)
     for o, e in zip(ours, expected):
@@ -404,17 +505,28 @@ def test_nll_internal(reduction, weighted, ignore):
 
 # ---- the optimizer model: InplaceClipGradNorm --------------------------------------------------------
 
+
 def _clip_artifacts(directory, max_norm: float, optimizer: str):
     training = pytest.importorskip("onnxruntime.training")
     from onnxruntime.training import artifacts, onnxblock
+
     weight = RNG.standard_normal((3, 4)).astype(np.float32)
     bias = RNG.standard_normal(3).astype(np.float32)
-    base = _model([h.make_node("Gemm", ["x", "W", "B"], ["y"], transB=1)], [_vi("x", [2, 4])], [_vi("y", [2, 3])],
-                  [nh.from_array(weight, "W"), nh.from_array(bias, "B")])
+    base = _model(
+        [h.make_node("Gemm", ["x", "W", "B"], ["y"], transB=1)],
+        [_vi("x", [2, 4])],
+        [_vi("y", [2, 3])],
+        [nh.from_array(weight, "W"), nh.from_array(bias, "B")],
+    )
     clip = onnxblock.optim.ClipGradNorm(max_norm)
     block = onnxblock.optim.AdamW(clip_grad=clip) if optimizer == "adamw" else onnxblock.optim.SGD(clip_grad=clip)
-    artifacts.generate_artifacts(base, requires_grad=["W", "B"], loss=artifacts.LossType.MSELoss, optimizer=block,
-                                 artifact_directory=str(directory))
+    artifacts.generate_artifacts(
+        base,
+        requires_grad=["W", "B"],
+        loss=artifacts.LossType.MSELoss,
+        optimizer=block,
+        artifact_directory=str(directory),
+    )
     for path in directory.glob("*.onnx"):  # onnx >= 1.17 writes IR versions ORT 1.19 refuses
         model = onnx.load(str(path))
         model.ir_version = 10
@@ -454,6 +566,7 @@ def test_clip_grad_norm_optimizer_matches_onnxruntime(tmp_path, optimizer, max_n
     import onnxruntime.training.api as ort_api
 
     import ort_torch_compat.api as our_api
+
     x = (RNG.standard_normal((2, 4)) * 3).astype(np.float32)
     target = RNG.standard_normal((2, 3)).astype(np.float32)
     _assert_same_training(tmp_path, "onnx", x, target, ort_api, our_api, evaluate=False)
@@ -462,10 +575,15 @@ def test_clip_grad_norm_optimizer_matches_onnxruntime(tmp_path, optimizer, max_n
 def test_optimizer_model_with_an_unknown_node_is_refused():
     from ort_torch_compat.errors import ModelLoadError
     from ort_torch_compat.optim import parse_optimizer_model
+
     inputs = [h.make_tensor_value_info("learning_rate", T.FLOAT, [1]), h.make_tensor_value_info("step", T.INT64, [1])]
-    inputs += [h.make_tensor_sequence_value_info(n, T.FLOAT, None) for n in ("params", "gradients", "first_order_moments")]
-    nodes = [h.make_node("Identity", ["learning_rate"], ["lr2"]),
-             h.make_node("SGDOptimizerV2", ["learning_rate", "params", "gradients"], ["done"], domain="com.microsoft")]
+    inputs += [
+        h.make_tensor_sequence_value_info(n, T.FLOAT, None) for n in ("params", "gradients", "first_order_moments")
+    ]
+    nodes = [
+        h.make_node("Identity", ["learning_rate"], ["lr2"]),
+        h.make_node("SGDOptimizerV2", ["learning_rate", "params", "gradients"], ["done"], domain="com.microsoft"),
+    ]
     model = h.make_model(h.make_graph(nodes, "g", inputs, [h.make_tensor_value_info("done", T.BOOL, [1])]))
     with pytest.raises(ModelLoadError, match="Identity"):
         parse_optimizer_model(model, "optimizer.onnx")
@@ -473,27 +591,45 @@ def test_optimizer_model_with_an_unknown_node_is_refused():
 
 # ---- generate_artifacts(ort_format=True): ORT-format files carry the session-time fusions ----------
 
+
 def _fusable_net() -> onnx.ModelProto:
     """Conv+Relu, MatMul+Add+erf-GELU, Add+LayerNormalization, Transpose+MatMul*scale, Softmax."""
     rng = np.random.default_rng(5)
     nodes = [
-        h.make_node("Conv", ["x", "cw", "cb"], ["c1"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c1"], ["r1"]),
+        h.make_node("Conv", ["x", "cw", "cb"], ["c1"], pads=[1, 1, 1, 1]),
+        h.make_node("Relu", ["c1"], ["r1"]),
         h.make_node("Flatten", ["r1"], ["f"]),
-        h.make_node("MatMul", ["f", "w1"], ["m1"]), h.make_node("Add", ["m1", "b1"], ["a1"]),
-        h.make_node("Div", ["a1", "sqrt2"], ["d"]), h.make_node("Erf", ["d"], ["e"]),
-        h.make_node("Add", ["e", "one"], ["e1"]), h.make_node("Mul", ["a1", "e1"], ["g0"]),
-        h.make_node("Mul", ["g0", "half"], ["g"]), h.make_node("Add", ["g", "skip"], ["s"]),
+        h.make_node("MatMul", ["f", "w1"], ["m1"]),
+        h.make_node("Add", ["m1", "b1"], ["a1"]),
+        h.make_node("Div", ["a1", "sqrt2"], ["d"]),
+        h.make_node("Erf", ["d"], ["e"]),
+        h.make_node("Add", ["e", "one"], ["e1"]),
+        h.make_node("Mul", ["a1", "e1"], ["g0"]),
+        h.make_node("Mul", ["g0", "half"], ["g"]),
+        h.make_node("Add", ["g", "skip"], ["s"]),
         # ORT's LayerNormalization gradient needs the mean / inv_std outputs declared
         h.make_node("LayerNormalization", ["s", "lg", "lb"], ["ln", "lmean", "listd"], axis=-1),
-        h.make_node("Transpose", ["w2"], ["w2t"], perm=[1, 0]), h.make_node("MatMul", ["ln", "w2t"], ["m2"]),
-        h.make_node("Mul", ["m2", "sc"], ["m2s"]), h.make_node("Add", ["m2s", "b2"], ["a2"]),
+        h.make_node("Transpose", ["w2"], ["w2t"], perm=[1, 0]),
+        h.make_node("MatMul", ["ln", "w2t"], ["m2"]),
+        h.make_node("Mul", ["m2", "sc"], ["m2s"]),
+        h.make_node("Add", ["m2s", "b2"], ["a2"]),
         h.make_node("Softmax", ["a2"], ["y"], axis=-1),
     ]
-    inits = [_const("cw", rng.standard_normal((2, 1, 3, 3)) * .3), _const("cb", [0.1, -0.1]),
-             _const("w1", rng.standard_normal((32, 8)) * .2), _const("b1", rng.standard_normal(8)),
-             _const("sqrt2", 1.4142135), _const("one", 1.0), _const("half", 0.5), _const("skip", rng.standard_normal(8)),
-             _const("lg", np.ones(8)), _const("lb", np.zeros(8)), _const("w2", rng.standard_normal((5, 8)) * .3),
-             _const("sc", 0.5), _const("b2", rng.standard_normal(5))]
+    inits = [
+        _const("cw", rng.standard_normal((2, 1, 3, 3)) * 0.3),
+        _const("cb", [0.1, -0.1]),
+        _const("w1", rng.standard_normal((32, 8)) * 0.2),
+        _const("b1", rng.standard_normal(8)),
+        _const("sqrt2", 1.4142135),
+        _const("one", 1.0),
+        _const("half", 0.5),
+        _const("skip", rng.standard_normal(8)),
+        _const("lg", np.ones(8)),
+        _const("lb", np.zeros(8)),
+        _const("w2", rng.standard_normal((5, 8)) * 0.3),
+        _const("sc", 0.5),
+        _const("b2", rng.standard_normal(5)),
+    ]
     return _model(nodes, [_vi("x", [2, 1, 4, 4])], [_vi("y", [2, 5])], inits)
 
 
@@ -502,23 +638,32 @@ def test_ort_format_artifacts_with_session_fusions_match_onnxruntime(tmp_path):
     at level 'all' (tools/convert_onnx_models_to_ort.py, style Fixed): FusedConv, FusedMatMul and
     Gelu, which the .onnx files never hold, are in them.  Train 3 steps and evaluate on both."""
     pytest.importorskip("onnxruntime.training")
-    from onnxruntime.training import artifacts
     import onnxruntime.training.api as ort_api
+    from onnxruntime.training import artifacts
 
     import ort_torch_compat.api as our_api
     from ort_torch_compat.ortformat import read_ort_model
+
     base = _fusable_net()
     trained = ["cw", "w1", "b1", "w2", "b2", "lg"]
-    artifacts.generate_artifacts(base, requires_grad=trained, loss=artifacts.LossType.MSELoss,
-                                 artifact_directory=str(tmp_path), ort_format=True)
+    artifacts.generate_artifacts(
+        base, requires_grad=trained, loss=artifacts.LossType.MSELoss, artifact_directory=str(tmp_path), ort_format=True
+    )
     (tmp_path / "opt").mkdir()
-    artifacts.generate_artifacts(base, requires_grad=trained, loss=artifacts.LossType.MSELoss,
-                                 optimizer=artifacts.OptimType.AdamW, artifact_directory=str(tmp_path / "opt"))
+    artifacts.generate_artifacts(
+        base,
+        requires_grad=trained,
+        loss=artifacts.LossType.MSELoss,
+        optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=str(tmp_path / "opt"),
+    )
     optimizer = onnx.load(str(tmp_path / "opt" / "optimizer_model.onnx"))
     optimizer.ir_version = 10
     onnx.save(optimizer, str(tmp_path / "optimizer_model.onnx"))
     for name in ("training_model.ort", "eval_model.ort"):
-        ops = {n.op_type for n in read_ort_model((tmp_path / name).read_bytes()).graph.node if n.domain == "com.microsoft"}
+        ops = {
+            n.op_type for n in read_ort_model((tmp_path / name).read_bytes()).graph.node if n.domain == "com.microsoft"
+        }
         assert {"FusedConv", "FusedMatMul"} <= ops, (name, ops)
 
     rng = np.random.default_rng(6)
@@ -536,17 +681,30 @@ def test_training_model_with_ops_ort_has_no_cpu_kernel_for(tmp_path):
     from onnxruntime.training import artifacts
 
     import ort_torch_compat.api as our_api
+
     rng = np.random.default_rng(8)
-    nodes = [h.make_node("MatMul", ["x", "w"], ["a"]), h.make_node("Div", ["a", "s1"], ["p"]),
-             h.make_node("Div", ["x", "s2"], ["q"]), h.make_node("Add", ["p", "q"], ["s"]),
-             h.make_node("IsInf", ["s"], ["i"]), h.make_node("Cast", ["i"], ["ci"], to=T.INT64),
-             h.make_node("ReduceSum", ["ci"], ["r"]), h.make_node("Greater", ["r", "zero"], ["bad"]),
-             h.make_node("Where", ["bad", "zeros", "s"], ["y"])]
-    inits = [_const("w", rng.standard_normal((4, 4))), _const("s1", 2.0), _const("s2", 0.5),
-             _const("zero", 0, np.int64), _const("zeros", np.zeros((2, 4)))]
+    nodes = [
+        h.make_node("MatMul", ["x", "w"], ["a"]),
+        h.make_node("Div", ["a", "s1"], ["p"]),
+        h.make_node("Div", ["x", "s2"], ["q"]),
+        h.make_node("Add", ["p", "q"], ["s"]),
+        h.make_node("IsInf", ["s"], ["i"]),
+        h.make_node("Cast", ["i"], ["ci"], to=T.INT64),
+        h.make_node("ReduceSum", ["ci"], ["r"]),
+        h.make_node("Greater", ["r", "zero"], ["bad"]),
+        h.make_node("Where", ["bad", "zeros", "s"], ["y"]),
+    ]
+    inits = [
+        _const("w", rng.standard_normal((4, 4))),
+        _const("s1", 2.0),
+        _const("s2", 0.5),
+        _const("zero", 0, np.int64),
+        _const("zeros", np.zeros((2, 4))),
+    ]
     base = _model(nodes, [_vi("x", [2, 4])], [_vi("y", [2, 4])], inits, opset=13)
-    artifacts.generate_artifacts(base, requires_grad=["w"], loss=artifacts.LossType.MSELoss,
-                                 artifact_directory=str(tmp_path))
+    artifacts.generate_artifacts(
+        base, requires_grad=["w"], loss=artifacts.LossType.MSELoss, artifact_directory=str(tmp_path)
+    )
     training = onnx.load(str(tmp_path / "training_model.onnx"))
     assert {"ScaledSum", "IsAllFinite"} <= {n.op_type for n in training.graph.node}
     evaluation = onnx.load(str(tmp_path / "eval_model.onnx"))

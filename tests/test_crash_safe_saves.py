@@ -3,6 +3,7 @@ any file-system boundary of its save, concurrent saves and loads never see a mix
 files of killed saves are cleaned up by the next save.  The protocol is described in
 ort_torch_compat/atomic_files.py and docs/design.md ("Crash-safe saves").
 """
+
 from __future__ import annotations
 
 import errno
@@ -35,10 +36,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def record(value: float, step: int, external: bool = True) -> CheckpointRecord:
     params = [tensor_record_from_numpy(n, np.full(s, value, np.float32)) for n, s in (("a", 5), ("b", (3, 4)))]
-    moments = [ParameterOptimizerStateRecord(n, [tensor_record_from_numpy("momentum0", np.full(3, step, np.float32))])
-               for n in ("a", "b")]
-    return CheckpointRecord(module_state=ModuleStateRecord(params, [], has_external_data=external),
-                            optimizer_groups=[OptimizerGroupRecord("group0", step, 0.5, moments)])
+    moments = [
+        ParameterOptimizerStateRecord(n, [tensor_record_from_numpy("momentum0", np.full(3, step, np.float32))])
+        for n in ("a", "b")
+    ]
+    return CheckpointRecord(
+        module_state=ModuleStateRecord(params, [], has_external_data=external),
+        optimizer_groups=[OptimizerGroupRecord("group0", step, 0.5, moments)],
+    )
 
 
 def save(rec: CheckpointRecord, path) -> None:
@@ -51,8 +56,13 @@ def test_kill_or_interrupt_at_every_boundary_of_a_pair_save(tmp_path):
     the old or the new pair, never a mix and never nothing; ONNX Runtime, which knows no
     journal, would find the old pair, the new pair or no file; Ctrl-C leaves no temp file;
     the next save removes a killed save's files (tests/kill_mid_save.py)."""
-    result = subprocess.run([sys.executable, str(ROOT / "tests" / "kill_mid_save.py"), str(tmp_path)],
-                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "kill_mid_save.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["cases"] > 400
@@ -81,8 +91,9 @@ def test_concurrent_pair_saves_and_loads(tmp_path):
         except Exception as error:  # noqa: BLE001
             errors.append(error)
 
-    threads = [threading.Thread(target=saver, args=(r,)) for r in records] + [threading.Thread(target=loader)
-                                                                             for _ in range(2)]
+    threads = [threading.Thread(target=saver, args=(r,)) for r in records] + [
+        threading.Thread(target=loader) for _ in range(2)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -95,8 +106,12 @@ def test_concurrent_pair_saves_and_loads(tmp_path):
 def test_next_save_removes_abandoned_temp_files_only(tmp_path):
     path = tmp_path / "checkpoint"
     save(record(1.0, 1), path)
-    abandoned = [".checkpoint.0123456789ab.tmp", ".checkpoint.data.0123456789ab.tmp",
-                 ".checkpoint.data.ba9876543210.tmp.previous", "..checkpoint.journal.0123456789ab.tmp"]
+    abandoned = [
+        ".checkpoint.0123456789ab.tmp",
+        ".checkpoint.data.0123456789ab.tmp",
+        ".checkpoint.data.ba9876543210.tmp.previous",
+        "..checkpoint.journal.0123456789ab.tmp",
+    ]
     others = [".other.0123456789ab.tmp", "checkpoint.0123456789ab.tmp", ".checkpoint.notours.tmp", "notes.txt"]
     for name in abandoned + others:
         (tmp_path / name).write_bytes(b"x" * 100)
@@ -111,7 +126,9 @@ def test_next_save_removes_abandoned_temp_files_only(tmp_path):
     assert sorted(os.listdir(tmp_path)) == sorted(["checkpoint", "checkpoint.data", live.name] + others)
     save(record(3.0, 3, external=False), path)  # single-file saves clean up too
     assert sorted(os.listdir(tmp_path)) == sorted(["checkpoint", "checkpoint.data"] + others)
-    assert read_checkpoint(path) == read_checkpoint(path) and read_checkpoint(path).module_state.has_external_data is False
+    assert (
+        read_checkpoint(path) == read_checkpoint(path) and read_checkpoint(path).module_state.has_external_data is False
+    )
 
 
 def test_interrupted_save_is_completed_by_the_next_inline_save(tmp_path):
@@ -128,8 +145,12 @@ def test_interrupted_save_is_completed_by_the_next_inline_save(tmp_path):
 def _leave_interrupted_save(path: Path, rec: CheckpointRecord) -> None:
     """The files a pair save killed right after writing its journal leaves behind."""
     main, data = encode_checkpoint(rec, external_min_bytes=0)
-    names = {"new_main": ".checkpoint.aaaaaaaaaaaa.tmp", "new_data": ".checkpoint.data.bbbbbbbbbbbb.tmp",
-             "old_main": ".checkpoint.cccccccccccc.tmp", "old_data": ".checkpoint.data.dddddddddddd.tmp"}
+    names = {
+        "new_main": ".checkpoint.aaaaaaaaaaaa.tmp",
+        "new_data": ".checkpoint.data.bbbbbbbbbbbb.tmp",
+        "old_main": ".checkpoint.cccccccccccc.tmp",
+        "old_data": ".checkpoint.data.dddddddddddd.tmp",
+    }
     (path.parent / names["new_main"]).write_bytes(main)
     (path.parent / names["new_data"]).write_bytes(data)
     Path(atomic_files.journal_path(str(path))).write_text(json.dumps({"version": 1, "main": path.name, **names}))
@@ -140,26 +161,50 @@ def test_recovery_needs_a_writable_directory(tmp_path, monkeypatch):
     save(record(1.0, 1), path)
     _leave_interrupted_save(path, record(2.0, 2))
     monkeypatch.setattr(os, "replace", lambda *a, **k: (_ for _ in ()).throw(PermissionError(errno.EACCES, "denied")))
-    with pytest.raises(PermissionError, match=rf"checkpoint {path}: completing an interrupted save \(journal .*\.checkpoint\.journal\) failed"):
+    with pytest.raises(
+        PermissionError,
+        match=rf"checkpoint {path}: completing an interrupted save \(journal .*\.checkpoint\.journal\) failed",
+    ):
         read_checkpoint(path)
     monkeypatch.undo()
     assert read_checkpoint(path).optimizer_groups[0].step == 2  # completed once it can be
 
 
-@pytest.mark.parametrize("journal", [
-    b"not json",
-    json.dumps({"version": 1, "main": "checkpoint", "new_main": "../../etc/passwd", "new_data": ".checkpoint.data.0123456789ab.tmp",
-                "old_main": ".checkpoint.0123456789ab.tmp", "old_data": ".checkpoint.data.0123456789ab.tmp"}).encode(),
-    json.dumps({"version": 1, "main": "checkpoint", "new_main": "notes.txt", "new_data": ".checkpoint.data.0123456789ab.tmp",
-                "old_main": ".checkpoint.0123456789ab.tmp", "old_data": ".checkpoint.data.0123456789ab.tmp"}).encode(),
-])
+@pytest.mark.parametrize(
+    "journal",
+    [
+        b"not json",
+        json.dumps(
+            {
+                "version": 1,
+                "main": "checkpoint",
+                "new_main": "../../etc/passwd",
+                "new_data": ".checkpoint.data.0123456789ab.tmp",
+                "old_main": ".checkpoint.0123456789ab.tmp",
+                "old_data": ".checkpoint.data.0123456789ab.tmp",
+            }
+        ).encode(),
+        json.dumps(
+            {
+                "version": 1,
+                "main": "checkpoint",
+                "new_main": "notes.txt",
+                "new_data": ".checkpoint.data.0123456789ab.tmp",
+                "old_main": ".checkpoint.0123456789ab.tmp",
+                "old_data": ".checkpoint.data.0123456789ab.tmp",
+            }
+        ).encode(),
+    ],
+)
 def test_foreign_journal_is_refused_and_touches_nothing(tmp_path, journal):
     path = tmp_path / "checkpoint"
     save(record(1.0, 1), path)
     (tmp_path / "notes.txt").write_text("mine")
     Path(atomic_files.journal_path(str(path))).write_bytes(journal)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    with pytest.raises(CheckpointFormatError, match=r"save journal .*\.checkpoint\.journal was not written by ort_torch_compat"):
+    with pytest.raises(
+        CheckpointFormatError, match=r"save journal .*\.checkpoint\.journal was not written by ort_torch_compat"
+    ):
         read_checkpoint(path)
     with pytest.raises(ValueError, match="save journal"):
         save(record(2.0, 2), path)

@@ -5,6 +5,7 @@ parameters after updates atol 2e-5), not a looser GPU one: float32 on the GPU di
 float32 on the CPU by rounding only, while TF32 (torch's default for cuDNN convolutions,
 switched off inside the engine's steps: engine/precision.py) misses it by orders of
 magnitude, which this comparison is there to catch."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -47,7 +48,12 @@ def test_cuda_matches_cpu(config):
     cpu = train(directory, "cpu", False)
     users = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     for use_torch_inputs in (False, True):
-        problems = compare(cpu, train(directory, "cuda", use_torch_inputs), rtol=RTOL, atol=ATOL,
-                           tolerances={"param/*": (RTOL, ADAMW_PARAM_ATOL)})
+        problems = compare(
+            cpu,
+            train(directory, "cuda", use_torch_inputs),
+            rtol=RTOL,
+            atol=ATOL,
+            tolerances={"param/*": (RTOL, ADAMW_PARAM_ATOL)},
+        )
         assert not problems, "\n".join(problems)
     assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == users  # restored after each step

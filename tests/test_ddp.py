@@ -1,4 +1,5 @@
 """examples/ddp_train.py: 2-process DDP (gloo, CPU) equals one process on the whole batch."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -34,11 +35,28 @@ def ddp_run(tmp_path_factory):
         pytest.skip("torch.distributed with gloo is not available")
     cwd = tmp_path_factory.mktemp("ddp")
     out = cwd / "out"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        [str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(DRIVER), "--out", str(out), "--steps", str(STEPS), "--global-batch", str(GLOBAL_BATCH),
-               "--lr", str(LR)]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(DRIVER),
+        "--out",
+        str(out),
+        "--steps",
+        str(STEPS),
+        "--global-batch",
+        str(GLOBAL_BATCH),
+        "--lr",
+        str(LR),
+    ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180, cwd=cwd)
     return result, out
 

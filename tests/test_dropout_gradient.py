@@ -4,6 +4,7 @@ Artifacts of ``y = Dropout(x @ W, ratio=0.5)`` at opset 13 without a training_mo
 (scripts/make_dropout_grad_fixture.py): the forward is the identity, yet ORT's gradient of W is
 2x the derivative (its DropoutGrad divides by 1 - ratio).  The drop-in Module reproduces it by
 default; ``gradients="exact"`` gives the derivative, checked here against a float64 formula."""
+
 from __future__ import annotations
 
 import numpy as np

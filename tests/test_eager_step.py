@@ -1,6 +1,7 @@
 """The eager train step's shortcuts (docs/design.md, "Per-step cost (eager)") compute what the
 paths they short-cut compute: the direct-call graph, the input-check cache, the bias-free
 linear fusion, the small-GEMM rule of the dense kernel and torch's own LSTM/GRU op."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,8 +33,13 @@ def test_the_direct_call_graph_gives_the_modules_outputs_and_gradients_bit_for_b
     module, _, inputs = _session(name)
     engine = module._engine
     assert getattr(engine.train_runner, "_state", None) == "eager"  # the suite runs with compilation off
-    feeds = engine._feeds([torch.from_numpy(np.asarray(x)) for x in inputs], engine.train_io,
-                          engine._train_batch, engine.train_strings, "train step")
+    feeds = engine._feeds(
+        [torch.from_numpy(np.asarray(x)) for x in inputs],
+        engine.train_io,
+        engine._train_batch,
+        engine.train_strings,
+        "train step",
+    )
     results = []
     for graph in (engine.train_module, direct_calls(engine.train_module)):
         state = {k: v.clone() for k, v in engine.train_module.state_dict().items()}  # running stats
@@ -41,8 +47,13 @@ def test_the_direct_call_graph_gives_the_modules_outputs_and_gradients_bit_for_b
         with torch.enable_grad():
             outputs = graph(*feeds, *engine._train_params)
             outputs[0].backward()
-        results.append(([o.detach().clone() for o in outputs], [t.grad.clone() for t in engine.store.trainable],
-                        {k: v.clone() for k, v in engine.train_module.state_dict().items()}))
+        results.append(
+            (
+                [o.detach().clone() for o in outputs],
+                [t.grad.clone() for t in engine.store.trainable],
+                {k: v.clone() for k, v in engine.train_module.state_dict().items()},
+            )
+        )
         engine.train_module.load_state_dict(state)
     (out_a, grad_a, state_a), (out_b, grad_b, state_b) = results
     assert all(torch.equal(a, b) for a, b in zip(out_a, out_b))
@@ -72,8 +83,10 @@ def test_cached_input_checks_still_refuse_a_bad_input_after_good_ones():
 
 def _projection_model(bias: bool) -> onnx.ModelProto:
     nodes = [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]), helper.make_node("MatMul", ["x", "wt"], ["y"])]
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4]),
-              helper.make_tensor_value_info("w", TensorProto.FLOAT, [5, 4])]
+    inputs = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4]),
+        helper.make_tensor_value_info("w", TensorProto.FLOAT, [5, 4]),
+    ]
     if bias:
         nodes[-1] = helper.make_node("MatMul", ["x", "wt"], ["p"])
         nodes.append(helper.make_node("Add", ["p", "b"], ["y"]))
@@ -104,9 +117,16 @@ def test_small_dense_layers_skip_onednn_and_large_ones_use_it():
     assert dense_kernel._onednn_applies(*large) == (dense_kernel._ONEDNN is not None)
 
 
-@pytest.mark.parametrize("cell,direction,layout", [("LSTM", "forward", 0), ("LSTM", "bidirectional", 0),
-                                                    ("LSTM", "forward", 1), ("GRU", "forward", 0),
-                                                    ("GRU", "bidirectional", 1)])
+@pytest.mark.parametrize(
+    "cell,direction,layout",
+    [
+        ("LSTM", "forward", 0),
+        ("LSTM", "bidirectional", 0),
+        ("LSTM", "forward", 1),
+        ("GRU", "forward", 0),
+        ("GRU", "bidirectional", 1),
+    ],
+)
 def test_torchs_recurrent_op_matches_the_onnx_time_loop(cell, direction, layout):
     torch.manual_seed(0)
     dirs, hidden, gates = (2 if direction == "bidirectional" else 1), 6, (4 if cell == "LSTM" else 3)

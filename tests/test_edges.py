@@ -4,6 +4,7 @@ The reference is onnxruntime-training 1.19.2 run live when it is importable, els
 scripts/make_edge_fixtures.py recorded from it (tests/fixtures/edges/expected.json).
 Messages must begin with ORT's words; our hint may follow as a new sentence.
 """
+
 from __future__ import annotations
 
 import gc
@@ -55,7 +56,7 @@ def assert_same_outcome(ours_result: dict, ort_result: dict, key: str, compare_m
     if compare_message:
         message, expected = ours_result["message"], ort_result["message"]
         assert message.startswith(expected), (key, message, expected)
-        assert message[len(expected):][:1] in ("", " ", "."), (key, message)
+        assert message[len(expected) :][:1] in ("", " ", "."), (key, message)
 
 
 # ---- nominal state: ORT's messages, verbatim --------------------------------------------------------
@@ -72,8 +73,12 @@ def test_nominal_state_misuse_raises_orts_messages(work):
 
 def test_nominal_messages_through_the_c_api_session():
     d = cases.NOMINAL
-    session = TrainingSession(load_checkpoint(d / "nominal_checkpoint"), d / "training_model.onnx",
-                              d / "eval_model.onnx", d / "optimizer_model.onnx")
+    session = TrainingSession(
+        load_checkpoint(d / "nominal_checkpoint"),
+        d / "training_model.onnx",
+        d / "eval_model.onnx",
+        d / "optimizer_model.onnx",
+    )
     with pytest.raises(RuntimeError, match=r"^The optimizer state cannot be constructed\. Please load the model"):
         session.optimizer_step()
     with pytest.raises(RuntimeError, match=r"^Cannot copy parameters from a nominal checkpoint state\. Please load"):
@@ -113,7 +118,7 @@ def test_unknown_device_types_get_orts_message():
     for device in cases.DEVICES:
         # "cuda:x": ORT's text is Python's int() parse error; the type (ValueError) is what callers catch.
         assert_same_outcome(result[device], expected[device], device, compare_message=device != "cuda:x")
-    assert "Use \"cpu\", \"cuda\" or \"cuda:N\"" in result["gpu"]["message"]
+    assert 'Use "cpu", "cuda" or "cuda:N"' in result["gpu"]["message"]
     assert "index" in result["cuda:x"]["message"]
 
 
@@ -129,8 +134,9 @@ def test_cuda_without_cuda_says_so():
 def test_onnxruntime_ortvalue_inputs_give_onnxruntime_ortvalues():
     expected = ort_reference("output_kinds", lambda: cases.output_kinds(ort_api, onnxruntime.OrtValue))
     result = cases.output_kinds(ours, onnxruntime.OrtValue)
-    assert {k: result[k] for k in ("ortvalues", "mixed", "eval_ortvalues")} == \
-        {k: expected[k] for k in ("ortvalues", "mixed", "eval_ortvalues")}
+    assert {k: result[k] for k in ("ortvalues", "mixed", "eval_ortvalues")} == {
+        k: expected[k] for k in ("ortvalues", "mixed", "eval_ortvalues")
+    }
     assert math.isclose(result["loss"], expected["loss"], rel_tol=1e-5)
     # `.numpy()` of a temporary OrtValue is a view: it must stay valid after the OrtValue is gone.
     state, module, _ = _example()
@@ -142,8 +148,9 @@ def test_onnxruntime_ortvalue_inputs_give_onnxruntime_ortvalues():
     d = cases.EXAMPLE
     with TrainingSession(load_checkpoint(d / "checkpoint"), d / "training_model.onnx") as session:
         x, y = cases.example_batch()
-        outputs = session.train_step([onnxruntime.OrtValue.ortvalue_from_numpy(x),
-                                      onnxruntime.OrtValue.ortvalue_from_numpy(y)])
+        outputs = session.train_step(
+            [onnxruntime.OrtValue.ortvalue_from_numpy(x), onnxruntime.OrtValue.ortvalue_from_numpy(y)]
+        )
         assert isinstance(outputs[0], onnxruntime.OrtValue)
 
 
@@ -176,8 +183,11 @@ def test_failed_train_step_names_the_input_and_leaves_the_state_usable(reset):
         module.lazy_reset_grad()
     bad = y.copy()
     bad[2] = 5
-    with pytest.raises(InvalidInputError, match=r"train step failed in operator SoftmaxCrossEntropyLoss, which reads "
-                                                r"input 'labels'.*Target 5 is out of bounds") as info:
+    with pytest.raises(
+        InvalidInputError,
+        match=r"train step failed in operator SoftmaxCrossEntropyLoss, which reads "
+        r"input 'labels'.*Target 5 is out of bounds",
+    ) as info:
         module(x, bad)
     assert isinstance(info.value.__cause__, IndexError)
     assert all(np.array_equal(p.grad, grads[name]) for name, p in state.parameters)
@@ -226,8 +236,9 @@ def test_failed_step_off_the_cpu_names_the_inputs_without_a_replay():
 
 def test_failed_step_through_the_c_api_session_leaves_it_usable():
     d = cases.EXAMPLE
-    with TrainingSession(load_checkpoint(d / "checkpoint"), d / "training_model.onnx",
-                         optimizer_model=d / "optimizer_model.onnx") as session:
+    with TrainingSession(
+        load_checkpoint(d / "checkpoint"), d / "training_model.onnx", optimizer_model=d / "optimizer_model.onnx"
+    ) as session:
         x, y = cases.example_batch()
         with pytest.raises(InvalidInputError, match="'labels'"):
             session.train_step([x, np.full(4, 9)])
@@ -258,12 +269,16 @@ def _cast_reference() -> dict:
     table = {}
     for family, targets in cases.CAST_TARGETS.items():
         for target in targets:
-            session = onnxruntime.InferenceSession(cases.cast_model(getattr(onnx.TensorProto, target)).SerializeToString(),
-                                                   providers=["CPUExecutionProvider"])
+            session = onnxruntime.InferenceSession(
+                cases.cast_model(getattr(onnx.TensorProto, target)).SerializeToString(),
+                providers=["CPUExecutionProvider"],
+            )
             row = {}
             for text in cases.CAST_TEXTS[family]:
                 try:
-                    row[text] = cases.json_value(session.run(None, {"s": np.array([text], dtype=object)})[0].tolist()[0])
+                    row[text] = cases.json_value(
+                        session.run(None, {"s": np.array([text], dtype=object)})[0].tolist()[0]
+                    )
                 except Exception:  # noqa: BLE001
                     row[text] = "error"
             table[target] = row
@@ -276,8 +291,9 @@ def test_strings_parse_like_orts_cast():
         for target in targets:
             for text in cases.CAST_TEXTS[family]:
                 try:
-                    value = cases.json_value(cast_strings(np.array([text], dtype=object),
-                                                          getattr(onnx.TensorProto, target)).tolist()[0])
+                    value = cases.json_value(
+                        cast_strings(np.array([text], dtype=object), getattr(onnx.TensorProto, target)).tolist()[0]
+                    )
                 except ValueError:
                     value = "error"
                 assert value == reference[target][text], (target, text, value, reference[target][text])
@@ -305,7 +321,10 @@ def test_string_and_numeric_inputs_are_not_interchangeable():
     with pytest.raises(InvalidInputError, match=r"'features'.*expected: tensor\(string\)"):
         module(np.ones((4, 2), np.float32), labels)
     _, example, _ = _example()
-    with pytest.raises(InvalidInputError, match=r"'features'. Actual: tensor\(string\) \(a numpy <U3 array\), expected: tensor\(float\)"):
+    with pytest.raises(
+        InvalidInputError,
+        match=r"'features'. Actual: tensor\(string\) \(a numpy <U3 array\), expected: tensor\(float\)",
+    ):
         example(np.array([["1.0", "2.0"]]), np.array([0]))
 
 
@@ -327,8 +346,20 @@ def test_adamw_kernel_takes_orts_formula_when_decay_reaches_one(lr, weight_decay
     for fused in (None, False):
         params, grads = [torch.randn(7)], [torch.randn(7)]
         moments = [torch.zeros(7)], [torch.zeros(7)]
-        adamw_step(params, grads, *moments, lr=lr, step=1, alpha=0.9, beta=0.999, epsilon=1e-6,
-                   weight_decay=weight_decay, adam_mode=1, correct_bias=True, fused=fused)
+        adamw_step(
+            params,
+            grads,
+            *moments,
+            lr=lr,
+            step=1,
+            alpha=0.9,
+            beta=0.999,
+            epsilon=1e-6,
+            weight_decay=weight_decay,
+            adam_mode=1,
+            correct_bias=True,
+            fused=fused,
+        )
         results.append(params[0])
         torch.manual_seed(0)
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
@@ -344,8 +375,9 @@ def test_adamw_falls_back_where_torch_has_no_fused_kernel(monkeypatch):
     torch.manual_seed(0)
     params, grads = [torch.randn(5)], [torch.randn(5)]
     expected = [params[0].clone()]
-    settings = dict(lr=0.01, step=1, alpha=0.9, beta=0.999, epsilon=1e-6, weight_decay=0.1, adam_mode=1,
-                    correct_bias=True)
+    settings = dict(
+        lr=0.01, step=1, alpha=0.9, beta=0.999, epsilon=1e-6, weight_decay=0.1, adam_mode=1, correct_bias=True
+    )
     adamw_step(expected, grads, [torch.zeros(5)], [torch.zeros(5)], fused=False, **settings)
     monkeypatch.setattr(torch, "_fused_adamw_", no_cpu_kernel)
     adamw.fused_available.cache_clear()
@@ -363,15 +395,19 @@ def test_run_module_finds_a_package_in_the_current_directory(tmp_path):
     (package / "__init__.py").write_text("")
     (package / "train.py").write_text(
         "import sys\nimport onnxruntime.training.api as api\n"
-        "open('ran.txt', 'w').write(api.Module.__module__ + ' ' + ' '.join(sys.argv[1:]))\n")
+        "open('ran.txt', 'w').write(api.Module.__module__ + ' ' + ' '.join(sys.argv[1:]))\n"
+    )
     # As under the `ort-torch-compat` console script, the current directory is not on sys.path.
-    launcher = ("import os, sys\n"
-                "sys.path[:] = [p for p in sys.path if p not in ('', '.', os.getcwd())]\n"
-                "from ort_torch_compat.cli import main\n"
-                "sys.exit(main(['run', '-m', 'mypackage.train', '--epochs', '3']))\n")
+    launcher = (
+        "import os, sys\n"
+        "sys.path[:] = [p for p in sys.path if p not in ('', '.', os.getcwd())]\n"
+        "from ort_torch_compat.cli import main\n"
+        "sys.exit(main(['run', '-m', 'mypackage.train', '--epochs', '3']))\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(cases.ROOT)}
-    done = subprocess.run([sys.executable, "-c", launcher], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", launcher], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "ran.txt").read_text() == "ort_torch_compat.api.module --epochs 3"
 

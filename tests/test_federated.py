@@ -12,6 +12,7 @@ Skipped where Flower is not installed (``pip install -e ".[federated]"``), excep
 * the deployment engine: SuperLink and two SuperNodes as separate processes on 127.0.0.1,
   the run submitted with ``flwr run`` (slow: about a minute, see its docstring).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -46,15 +47,19 @@ def _env() -> dict:
 
 # ---- without Flower ------------------------------------------------------------------------
 def test_importing_the_library_does_not_import_flower():
-    code = ("import sys, ort_torch_compat, ort_torch_compat.api; "
-            "assert 'flwr' not in sys.modules, 'flwr imported'; print('ok')")
+    code = (
+        "import sys, ort_torch_compat, ort_torch_compat.api; "
+        "assert 'flwr' not in sys.modules, 'flwr imported'; print('ok')"
+    )
     done = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
 
 
 def test_missing_flower_names_the_extra():
-    code = ("import sys; sys.modules['flwr'] = None\n"
-            "try:\n    import ort_torch_compat.federated\nexcept ImportError as e:\n    print('IMPORTERROR', e)\n")
+    code = (
+        "import sys; sys.modules['flwr'] = None\n"
+        "try:\n    import ort_torch_compat.federated\nexcept ImportError as e:\n    print('IMPORTERROR', e)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
     assert "IMPORTERROR" in done.stdout and "ort_torch_compat[federated]" in done.stdout, done.stdout + done.stderr
 
@@ -102,8 +107,14 @@ def example_run(tmp_path_factory):
         pytest.skip('Flower (flwr) is not installed: pip install -e ".[federated]"')
     out = tmp_path_factory.mktemp("federated_example")
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, str(EXAMPLE), "--clients", "3", "--rounds", "3", "--out", str(out)],
-                          env=_env(), capture_output=True, text=True, timeout=300, cwd=str(out))
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--clients", "3", "--rounds", "3", "--out", str(out)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(out),
+    )
     seconds = time.perf_counter() - started
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return out, done.stdout, seconds
@@ -331,8 +342,10 @@ def _listening_addresses(pids) -> set:
 
 @needs_flwr
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="checks the listening sockets in /proc")
-@pytest.mark.skipif(HAVE_FLWR and shutil.which("flower-superlink", path=os.path.dirname(sys.executable)) is None,
-                    reason="Flower's command-line programs are not beside this interpreter")
+@pytest.mark.skipif(
+    HAVE_FLWR and shutil.which("flower-superlink", path=os.path.dirname(sys.executable)) is None,
+    reason="Flower's command-line programs are not beside this interpreter",
+)
 def test_deployment_engine_superlink_and_supernodes(tmp_path):
     """Flower's deployment engine: a SuperLink and two SuperNodes, each a separate process (each
     spawning Flower's ServerApp / ClientApp processes), on 127.0.0.1 only, the Flower App
@@ -347,30 +360,69 @@ def test_deployment_engine_superlink_and_supernodes(tmp_path):
         folder.mkdir()
     link_port = _free_port()
     (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n')
+        f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n'
+    )
     env = dict(_env(), FLWR_HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
     processes = []
 
     def start(name, *args):
         log = open(logs / f"{name}.log", "w")
-        processes.append((name, subprocess.Popen([str(bin_dir / args[0]), *args[1:]], stdout=log,
-                                                 stderr=subprocess.STDOUT, env=env, cwd=str(tmp_path),
-                                                 start_new_session=True)))
+        processes.append(
+            (
+                name,
+                subprocess.Popen(
+                    [str(bin_dir / args[0]), *args[1:]],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=str(tmp_path),
+                    start_new_session=True,
+                ),
+            )
+        )
 
     deadline = time.monotonic() + 240
     try:
-        start("superlink", "flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(link_port),
-              "--disable-runtime-dependency-installation")
+        start(
+            "superlink",
+            "flower-superlink",
+            "--insecure",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(link_port),
+            "--disable-runtime-dependency-installation",
+        )
         for node in (0, 1):
-            start(f"supernode{node}", "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link_port}",
-                  "--host", "127.0.0.1", "--port", str(_free_port()), "--max-wait-time", "120",
-                  "--node-config", f"partition-id={node} num-partitions=2")
-        run_config = (f'artifacts="{ARTIFACTS}" out-dir="{out}" num-server-rounds=1 min-clients=2 '
-                      f"local-epochs=2 learning-rate=0.01")
+            start(
+                f"supernode{node}",
+                "flower-supernode",
+                "--insecure",
+                "--superlink",
+                f"127.0.0.1:{link_port}",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(_free_port()),
+                "--max-wait-time",
+                "120",
+                "--node-config",
+                f"partition-id={node} num-partitions=2",
+            )
+        run_config = (
+            f'artifacts="{ARTIFACTS}" out-dir="{out}" num-server-rounds=1 min-clients=2 '
+            f"local-epochs=2 learning-rate=0.01"
+        )
         submitted = None
         while time.monotonic() < deadline:  # the SuperLink takes a few seconds to listen
-            submitted = subprocess.run([str(bin_dir / "flwr"), "run", str(APP_DIR), "local", "--run-config", run_config],
-                                       env=env, capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+            submitted = subprocess.run(
+                [str(bin_dir / "flwr"), "run", str(APP_DIR), "local", "--run-config", run_config],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=str(tmp_path),
+            )
             if submitted.returncode == 0:
                 break
             time.sleep(2)
@@ -381,7 +433,8 @@ def test_deployment_engine_superlink_and_supernodes(tmp_path):
                 assert process.poll() is None, f"{name} exited: " + (logs / f"{name}.log").read_text()[-3000:]
             time.sleep(1)
         assert losses.exists(), "no round finished in time:\n" + "\n".join(
-            f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(logs.iterdir()))
+            f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(logs.iterdir())
+        )
         listening = _listening_addresses(_group_members({p.pid for _, p in processes}))
         assert listening and listening <= {"0100007F", "00000000000000000000000001000000"}, listening  # 127.0.0.1, ::1
     finally:
@@ -421,9 +474,14 @@ def test_pickled_payload_is_rejected_without_unpickling(tmp_path):
     good = [a + 1 for a in _trainable(_load(ARTIFACTS / "checkpoint")).values()]
     buffer = io.BytesIO()
     np.save(buffer, np.array([{"payload": "not data"}], dtype=object), allow_pickle=True)
-    pickled = Parameters(tensors=[buffer.getvalue()] + ndarrays_to_parameters(good).tensors[1:], tensor_type="numpy.ndarray")
+    pickled = Parameters(
+        tensors=[buffer.getvalue()] + ndarrays_to_parameters(good).tensors[1:], tensor_type="numpy.ndarray"
+    )
     names = strategy.spec.names_json()
-    ok, status = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(good), 10, {PARAM_NAMES_KEY: names, "client_id": "a"}), None
+    ok, status = (
+        FitRes(Status(Code.OK, ""), ndarrays_to_parameters(good), 10, {PARAM_NAMES_KEY: names, "client_id": "a"}),
+        None,
+    )
     bad = FitRes(Status(Code.OK, ""), pickled, 10, {PARAM_NAMES_KEY: names, "client_id": "b"})
     parameters, _ = strategy.aggregate_fit(1, [(Proxy("a"), ok), (Proxy("b"), bad)], [])
     assert status is None and parameters is not None

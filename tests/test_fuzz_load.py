@@ -13,6 +13,7 @@ CI runs it derandomized (fixed examples) for a few seconds; set
 ORT_TORCH_COMPAT_FUZZ_EXAMPLES=100000 for a long local run (the examples then differ per
 count, still deterministic).
 """
+
 from __future__ import annotations
 
 import os
@@ -30,9 +31,16 @@ from tests.conftest import FIXTURES
 
 SEEDS = {}
 for path in sorted(FIXTURES.rglob("*")):
-    if path.is_file() and (path.name == "checkpoint" or path.name.endswith("_checkpoint")) and path.stat().st_size < 1 << 20:
+    if (
+        path.is_file()
+        and (path.name == "checkpoint" or path.name.endswith("_checkpoint"))
+        and path.stat().st_size < 1 << 20
+    ):
         companion = path.with_name(path.name + ".data")
-        SEEDS[str(path.relative_to(FIXTURES))] = (path.read_bytes(), companion.read_bytes() if companion.exists() else None)
+        SEEDS[str(path.relative_to(FIXTURES))] = (
+            path.read_bytes(),
+            companion.read_bytes() if companion.exists() else None,
+        )
 SEED_NAMES = sorted(SEEDS)
 EXAMPLES = int(os.environ.get("ORT_TORCH_COMPAT_FUZZ_EXAMPLES", "250"))
 WORDS = [0, 1, 4, 8, 0x7FFF, 0xFFFF, 0x7FFFFFFF, 0x80000000, 0xFFFFFFF0, 0xFFFFFFFF]
@@ -62,10 +70,10 @@ def mutate(data: bytes, steps, other: bytes) -> bytes:
             at = (a % (len(buf) // 4)) * 4
             struct.pack_into("<I", buf, at, b)
         elif kind == "cut":
-            del buf[a % len(buf):]
+            del buf[a % len(buf) :]
         elif kind == "splice" and other:
             start = b % len(other)
-            buf[a % len(buf):] = other[start:start + 256]
+            buf[a % len(buf) :] = other[start : start + 256]
     return bytes(buf)
 
 
@@ -82,9 +90,16 @@ def mutate_data(data: bytes, change) -> bytes:
     return bytes(flipped)
 
 
-@settings(derandomize=True, database=None, deadline=None, max_examples=EXAMPLES,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(st.sampled_from(SEED_NAMES), st.sampled_from(SEED_NAMES), st.lists(mutation, min_size=1, max_size=3), data_mutation)
+@settings(
+    derandomize=True,
+    database=None,
+    deadline=None,
+    max_examples=EXAMPLES,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    st.sampled_from(SEED_NAMES), st.sampled_from(SEED_NAMES), st.lists(mutation, min_size=1, max_size=3), data_mutation
+)
 def test_fuzzed_checkpoint_files_load_or_fail_cleanly(seed, other, steps, data_change):
     main, companion = SEEDS[seed]
     with tempfile.TemporaryDirectory() as tmp:

@@ -9,6 +9,7 @@ Nothing may hang or raise anything else (a TypeError from a damaged string field
 KeyError from a dangling name...).  Derandomized in CI; ORT_TORCH_COMPAT_FUZZ_EXAMPLES
 sets the count for a long local run.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,13 @@ EXAMPLES = int(os.environ.get("ORT_TORCH_COMPAT_FUZZ_EXAMPLES", "120"))
 
 def _feeds(module: api.Module) -> list:
     engine = module._engine
-    return [np.ones([d if isinstance(d, int) and d > 0 else 2 for d in (spec.shape or ())],
-                    dtype=np.float32 if spec.elem_type == 1 else np.int64) for spec in engine.train_io.user_inputs]
+    return [
+        np.ones(
+            [d if isinstance(d, int) and d > 0 else 2 for d in (spec.shape or ())],
+            dtype=np.float32 if spec.elem_type == 1 else np.int64,
+        )
+        for spec in engine.train_io.user_inputs
+    ]
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))

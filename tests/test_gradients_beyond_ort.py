@@ -10,6 +10,7 @@ eager torch is.  ``ort_torch_compat.api`` trains the artifacts; live (onnxruntim
 importable), ORT 1.19.2 trains the same artifacts, running our gradient graph, to the same
 gradients.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -66,6 +67,7 @@ def _seq(layers) -> Callable[[], nn.Module]:
     def make():
         torch.manual_seed(7)
         return nn.Sequential(*layers())
+
     return make
 
 
@@ -74,12 +76,22 @@ def _cast_like_graph(model: nn.Module, input_shape: Tuple[int, ...]) -> onnx.Mod
 
     (The TorchScript exporter writes Cast for ``.to(dtype)``; CastLike comes from dynamo
     exports' onnxscript functions, so the graph is written by hand.)"""
-    nodes = [helper.make_node("Mul", ["x", "w"], ["h"]), helper.make_node("CastLike", ["h", "like"], ["d"]),
-             helper.make_node("Mul", ["d", "d"], ["e"]), helper.make_node("CastLike", ["e", "x"], ["y"])]
+    nodes = [
+        helper.make_node("Mul", ["x", "w"], ["h"]),
+        helper.make_node("CastLike", ["h", "like"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["e"]),
+        helper.make_node("CastLike", ["e", "x"], ["y"]),
+    ]
     graph = helper.make_graph(
-        nodes, "cast_like", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(input_shape))],
+        nodes,
+        "cast_like",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(input_shape))],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(input_shape))],
-        [numpy_helper.from_array(model.w.detach().numpy(), "w"), numpy_helper.from_array(np.zeros((), np.float64), "like")])
+        [
+            numpy_helper.from_array(model.w.detach().numpy(), "w"),
+            numpy_helper.from_array(np.zeros((), np.float64), "like"),
+        ],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -99,56 +111,143 @@ class DynamoModel(nn.Module):
 
 
 CASES: List[ModelCase] = [
-    ModelCase("groupnorm", _seq(lambda: [nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.SiLU()]),
-              (2, 3, 5, 5), ops=("InstanceNormalization",)),
-    ModelCase("instancenorm_affine", _seq(lambda: [nn.Conv1d(3, 4, 3), nn.InstanceNorm1d(4, affine=True)]),
-              (2, 3, 9), ops=("InstanceNormalization",)),
-    ModelCase("einsum_batch_matmul_and_summed_index",
-              lambda: Lambda(lambda m, x: torch.einsum("bij,jk,kl->bil", x, m.a, m.b).tanh()
-                             + torch.einsum("bij,jk->bi", x, m.c).unsqueeze(-1),
-                             a=_p(4, 5, seed=1), b=_p(5, 3, seed=2), c=_p(4, 6, seed=3)),
-              (2, 3, 4), ops=("Einsum",)),
-    ModelCase("einsum_ellipsis_outer_broadcast",
-              lambda: Lambda(lambda m, x: torch.einsum("...ij,...jk->...ik", x, m.a)
-                             + torch.einsum("i,j->ij", m.u, m.v) + torch.einsum("ij->j", m.w),
-                             a=_p(1, 4, 3, seed=4), u=_p(3, seed=5), v=_p(3, seed=6), w=_p(2, 3, seed=7)),
-              (2, 3, 4), ops=("Einsum",)),
-    ModelCase("reduce_max_min_ties",
-              lambda: Lambda(lambda m, x: torch.amax(torch.clamp(x * m.w, max=0.4), dim=1)
-                             + torch.amin(x * m.w, dim=(0, 1), keepdim=True)[0, 0] + torch.amax(x * m.v),
-                             w=_p(5, seed=8), v=_p(5, seed=9)),
-              (3, 4, 5), ops=("ReduceMax", "ReduceMin")),
-    ModelCase("reduce_max_opset18",
-              lambda: Lambda(lambda m, x: torch.amax(x * m.w, dim=-1, keepdim=True) * m.w, w=_p(5, seed=10)),
-              (3, 4, 5), opset=18, ops=("ReduceMax",)),
-    ModelCase("softplus", lambda: Lambda(lambda m, x: F.softplus(x * m.w) + F.softplus(x, beta=2.0) * m.w,
-                                         w=_p(5, seed=11, scale=3.0)),
-              (3, 5), ops=("Softplus",)),
-    ModelCase("interpolate_nearest_x2", _seq(lambda: [nn.Conv2d(2, 3, 3, padding=1), nn.Upsample(scale_factor=2),
-                                                      nn.Conv2d(3, 2, 3)]),
-              (2, 2, 4, 5), ops=("Resize",)),
-    ModelCase("interpolate_bilinear", _seq(lambda: [nn.Conv2d(2, 3, 3, padding=1),
-                                                    nn.Upsample(scale_factor=2, mode="bilinear"), nn.Conv2d(3, 2, 3)]),
-              (2, 2, 4, 5), ops=("Resize",)),
-    ModelCase("interpolate_bilinear_align_corners_size",
-              _seq(lambda: [nn.Conv2d(2, 3, 3, padding=1),
-                            nn.Upsample(size=(7, 9), mode="bilinear", align_corners=True), nn.Conv2d(3, 2, 3)]),
-              (2, 2, 4, 5), ops=("Resize",)),
-    ModelCase("conv_transpose_stride_padding_groups",
-              _seq(lambda: [nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2), nn.Tanh(),
-                            nn.ConvTranspose2d(6, 2, (2, 3), stride=(1, 2), padding=(0, 1), dilation=2)]),
-              (2, 4, 3, 4), ops=("ConvTranspose",)),
-    ModelCase("reduce_l2_tile_scatter",
-              lambda: Lambda(lambda m, x: torch.norm(x * m.w, dim=1).repeat(2, 3)
-                             + m.t.repeat(1, 3).sum()
-                             + torch.scatter(m.d, 1, torch.tensor([[0, 2], [1, 0]]), x[:2, :2] * 2.0).sum()
-                             + torch.scatter_add(m.d, 1, torch.tensor([[0, 0], [1, 2]]), x[:2, :2] * m.w[:2]).sum(),
-                             w=_p(4, seed=12), t=_p(2, 2, seed=13), d=_p(2, 3, seed=14)),
-              (3, 4), opset=17, ops=("ReduceL2", "Tile", "ScatterElements")),
-    ModelCase("cast_like", lambda: Lambda(lambda m, x: ((x * m.w).double() ** 2).to(x.dtype), w=_p(4, seed=16)),
-              (3, 4), ops=("CastLike",), exporter="hand", build=_cast_like_graph),
-    ModelCase("dynamo_export", DynamoModel, (2, 3, 4, 4), opset=18, exporter="dynamo",
-              ops=("InstanceNormalization", "Softplus", "Resize", "ReduceMax", "Einsum")),
+    ModelCase(
+        "groupnorm",
+        _seq(lambda: [nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.SiLU()]),
+        (2, 3, 5, 5),
+        ops=("InstanceNormalization",),
+    ),
+    ModelCase(
+        "instancenorm_affine",
+        _seq(lambda: [nn.Conv1d(3, 4, 3), nn.InstanceNorm1d(4, affine=True)]),
+        (2, 3, 9),
+        ops=("InstanceNormalization",),
+    ),
+    ModelCase(
+        "einsum_batch_matmul_and_summed_index",
+        lambda: Lambda(
+            lambda m, x: (
+                torch.einsum("bij,jk,kl->bil", x, m.a, m.b).tanh() + torch.einsum("bij,jk->bi", x, m.c).unsqueeze(-1)
+            ),
+            a=_p(4, 5, seed=1),
+            b=_p(5, 3, seed=2),
+            c=_p(4, 6, seed=3),
+        ),
+        (2, 3, 4),
+        ops=("Einsum",),
+    ),
+    ModelCase(
+        "einsum_ellipsis_outer_broadcast",
+        lambda: Lambda(
+            lambda m, x: (
+                torch.einsum("...ij,...jk->...ik", x, m.a)
+                + torch.einsum("i,j->ij", m.u, m.v)
+                + torch.einsum("ij->j", m.w)
+            ),
+            a=_p(1, 4, 3, seed=4),
+            u=_p(3, seed=5),
+            v=_p(3, seed=6),
+            w=_p(2, 3, seed=7),
+        ),
+        (2, 3, 4),
+        ops=("Einsum",),
+    ),
+    ModelCase(
+        "reduce_max_min_ties",
+        lambda: Lambda(
+            lambda m, x: (
+                torch.amax(torch.clamp(x * m.w, max=0.4), dim=1)
+                + torch.amin(x * m.w, dim=(0, 1), keepdim=True)[0, 0]
+                + torch.amax(x * m.v)
+            ),
+            w=_p(5, seed=8),
+            v=_p(5, seed=9),
+        ),
+        (3, 4, 5),
+        ops=("ReduceMax", "ReduceMin"),
+    ),
+    ModelCase(
+        "reduce_max_opset18",
+        lambda: Lambda(lambda m, x: torch.amax(x * m.w, dim=-1, keepdim=True) * m.w, w=_p(5, seed=10)),
+        (3, 4, 5),
+        opset=18,
+        ops=("ReduceMax",),
+    ),
+    ModelCase(
+        "softplus",
+        lambda: Lambda(lambda m, x: F.softplus(x * m.w) + F.softplus(x, beta=2.0) * m.w, w=_p(5, seed=11, scale=3.0)),
+        (3, 5),
+        ops=("Softplus",),
+    ),
+    ModelCase(
+        "interpolate_nearest_x2",
+        _seq(lambda: [nn.Conv2d(2, 3, 3, padding=1), nn.Upsample(scale_factor=2), nn.Conv2d(3, 2, 3)]),
+        (2, 2, 4, 5),
+        ops=("Resize",),
+    ),
+    ModelCase(
+        "interpolate_bilinear",
+        _seq(lambda: [nn.Conv2d(2, 3, 3, padding=1), nn.Upsample(scale_factor=2, mode="bilinear"), nn.Conv2d(3, 2, 3)]),
+        (2, 2, 4, 5),
+        ops=("Resize",),
+    ),
+    ModelCase(
+        "interpolate_bilinear_align_corners_size",
+        _seq(
+            lambda: [
+                nn.Conv2d(2, 3, 3, padding=1),
+                nn.Upsample(size=(7, 9), mode="bilinear", align_corners=True),
+                nn.Conv2d(3, 2, 3),
+            ]
+        ),
+        (2, 2, 4, 5),
+        ops=("Resize",),
+    ),
+    ModelCase(
+        "conv_transpose_stride_padding_groups",
+        _seq(
+            lambda: [
+                nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2),
+                nn.Tanh(),
+                nn.ConvTranspose2d(6, 2, (2, 3), stride=(1, 2), padding=(0, 1), dilation=2),
+            ]
+        ),
+        (2, 4, 3, 4),
+        ops=("ConvTranspose",),
+    ),
+    ModelCase(
+        "reduce_l2_tile_scatter",
+        lambda: Lambda(
+            lambda m, x: (
+                torch.norm(x * m.w, dim=1).repeat(2, 3)
+                + m.t.repeat(1, 3).sum()
+                + torch.scatter(m.d, 1, torch.tensor([[0, 2], [1, 0]]), x[:2, :2] * 2.0).sum()
+                + torch.scatter_add(m.d, 1, torch.tensor([[0, 0], [1, 2]]), x[:2, :2] * m.w[:2]).sum()
+            ),
+            w=_p(4, seed=12),
+            t=_p(2, 2, seed=13),
+            d=_p(2, 3, seed=14),
+        ),
+        (3, 4),
+        opset=17,
+        ops=("ReduceL2", "Tile", "ScatterElements"),
+    ),
+    ModelCase(
+        "cast_like",
+        lambda: Lambda(lambda m, x: ((x * m.w).double() ** 2).to(x.dtype), w=_p(4, seed=16)),
+        (3, 4),
+        ops=("CastLike",),
+        exporter="hand",
+        build=_cast_like_graph,
+    ),
+    ModelCase(
+        "dynamo_export",
+        DynamoModel,
+        (2, 3, 4, 4),
+        opset=18,
+        exporter="dynamo",
+        ops=("InstanceNormalization", "Softplus", "Resize", "ReduceMax", "Einsum"),
+    ),
 ]
 
 
@@ -160,12 +259,21 @@ def _export(case: ModelCase, model: nn.Module, x: torch.Tensor) -> onnx.ModelPro
         warnings.simplefilter("ignore")
         if case.exporter == "dynamo":
             with contextlib.redirect_stdout(io.StringIO()):
-                program = torch.onnx.export(model, (x,), dynamo=True, opset_version=case.opset,
-                                            input_names=["x"], output_names=["y"])
+                program = torch.onnx.export(
+                    model, (x,), dynamo=True, opset_version=case.opset, input_names=["x"], output_names=["y"]
+                )
             return program.model_proto
-        torch.onnx.export(model, (x,), buffer, dynamo=False, opset_version=case.opset, input_names=["x"],
-                          output_names=["y"], do_constant_folding=False,
-                          training=torch.onnx.TrainingMode.TRAINING)
+        torch.onnx.export(
+            model,
+            (x,),
+            buffer,
+            dynamo=False,
+            opset_version=case.opset,
+            input_names=["x"],
+            output_names=["y"],
+            do_constant_folding=False,
+            training=torch.onnx.TrainingMode.TRAINING,
+        )
     return onnx.load_from_string(buffer.getvalue())
 
 
@@ -210,8 +318,13 @@ def _prepare(case: ModelCase, root: pathlib.Path):
     directory = root / case.name
     directory.mkdir()
     onnxblock.reset_name_counter()
-    artifacts.generate_artifacts(exported, requires_grad=params, loss=artifacts.LossType.MSELoss,
-                                 optimizer=artifacts.OptimType.SGD, artifact_directory=str(directory))
+    artifacts.generate_artifacts(
+        exported,
+        requires_grad=params,
+        loss=artifacts.LossType.MSELoss,
+        optimizer=artifacts.OptimType.SGD,
+        artifact_directory=str(directory),
+    )
     reference = _torch_grads(model, x, target, torch.float64)
     single = _torch_grads(model, x, target, torch.float32)
     _PREPARED[case.name] = (directory, {"x": x, "target": target}, params, reference, single)
@@ -229,7 +342,8 @@ def _check(got: Dict[str, np.ndarray], reference, single, label: str, expected=N
         float32_error = float(np.abs(single[name] - exact).max()) / scale
         assert error <= max(RELATIVE_TOLERANCE, 2 * float32_error), (
             f"{label}: gradient of {name!r} off by {error:.3g} of its largest magnitude (float32 torch: "
-            f"{float32_error:.3g})")
+            f"{float32_error:.3g})"
+        )
 
 
 _OURS: Dict[str, Dict[str, np.ndarray]] = {}
@@ -256,7 +370,6 @@ def artifact_root(tmp_path_factory):
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_ours_trains_to_float64_torch_gradients(case, artifact_root):
-    import ort_torch_compat.api as ours
 
     directory, feeds, params, reference, single = _prepare(case, artifact_root)
     _check(_our_grads(case, artifact_root), reference, single, "ort_torch_compat.api")
@@ -270,30 +383,56 @@ def test_live_ort_trains_our_artifacts(case, artifact_root, ort_api):
     directory, feeds, params, reference, single = _prepare(case, artifact_root)
     got = _module_grads(ort_api, directory, feeds, params)
     _check(got, reference, single, "onnxruntime-training")
-    _check(got, reference, single, "onnxruntime-training versus ort_torch_compat.api",
-           expected=_our_grads(case, artifact_root))
+    _check(
+        got,
+        reference,
+        single,
+        "onnxruntime-training versus ort_torch_compat.api",
+        expected=_our_grads(case, artifact_root),
+    )
 
 
 def _single_node_model(node: onnx.NodeProto, inputs, params: Dict[str, np.ndarray], opset: int = 17):
-    graph = helper.make_graph([node], "refused", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
-                                                  for n, s in inputs],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(v, k) for k, v in params.items()])
+    graph = helper.make_graph(
+        [node],
+        "refused",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in params.items()],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
     return onnx.shape_inference.infer_shapes(model)
 
 
 REFUSED = [
-    ("einsum_diagonal", helper.make_node("Einsum", ["w", "x"], ["y"], equation="ii,ij->ij"),
-     [("x", [3, 4])], {"w": np.ones((3, 3), np.float32)}, "index repeated within operand 0"),
-    ("resize_antialias", helper.make_node("Resize", ["w", "", "s"], ["y"], mode="linear", antialias=1),
-     [], {"w": np.ones((1, 1, 4, 4), np.float32), "s": np.array([1, 1, 0.5, 0.5], np.float32)}, "antialias"),
-    ("conv_transpose_auto_pad", helper.make_node("ConvTranspose", ["x", "w"], ["y"], auto_pad="SAME_UPPER",
-                                                 strides=[2, 2]),
-     [("x", [1, 2, 3, 3])], {"w": np.ones((2, 2, 3, 3), np.float32)}, "auto_pad"),
-    ("scatter_mul", helper.make_node("ScatterElements", ["w", "i", "w2"], ["y"], reduction="mul"),
-     [], {"w": np.ones((2, 2), np.float32), "i": np.zeros((1, 2), np.int64), "w2": np.ones((1, 2), np.float32)},
-     "reduction='mul'"),
+    (
+        "einsum_diagonal",
+        helper.make_node("Einsum", ["w", "x"], ["y"], equation="ii,ij->ij"),
+        [("x", [3, 4])],
+        {"w": np.ones((3, 3), np.float32)},
+        "index repeated within operand 0",
+    ),
+    (
+        "resize_antialias",
+        helper.make_node("Resize", ["w", "", "s"], ["y"], mode="linear", antialias=1),
+        [],
+        {"w": np.ones((1, 1, 4, 4), np.float32), "s": np.array([1, 1, 0.5, 0.5], np.float32)},
+        "antialias",
+    ),
+    (
+        "conv_transpose_auto_pad",
+        helper.make_node("ConvTranspose", ["x", "w"], ["y"], auto_pad="SAME_UPPER", strides=[2, 2]),
+        [("x", [1, 2, 3, 3])],
+        {"w": np.ones((2, 2, 3, 3), np.float32)},
+        "auto_pad",
+    ),
+    (
+        "scatter_mul",
+        helper.make_node("ScatterElements", ["w", "i", "w2"], ["y"], reduction="mul"),
+        [],
+        {"w": np.ones((2, 2), np.float32), "i": np.zeros((1, 2), np.int64), "w2": np.ones((1, 2), np.float32)},
+        "reduction='mul'",
+    ),
 ]
 
 
@@ -302,8 +441,13 @@ def test_unsupported_configurations_are_refused_by_name(name, node, inputs, para
     model = _single_node_model(node, inputs, params, opset=18)
     trainable = [k for k, v in params.items() if v.dtype == np.float32 and k != "s"]
     with pytest.raises(artifacts.UnsupportedGradientError, match=reason.replace("(", r"\(").replace("[", r"\[")):
-        artifacts.generate_artifacts(model, requires_grad=trainable, loss=artifacts.LossType.MSELoss,
-                                     optimizer=artifacts.OptimType.SGD, artifact_directory=str(tmp_path))
+        artifacts.generate_artifacts(
+            model,
+            requires_grad=trainable,
+            loss=artifacts.LossType.MSELoss,
+            optimizer=artifacts.OptimType.SGD,
+            artifact_directory=str(tmp_path),
+        )
     assert not any(tmp_path.iterdir())
 
 
@@ -335,6 +479,11 @@ def test_live_ort_own_artifacts_cannot_train_these(name, artifact_root, ort_api,
     model.ir_version = min(model.ir_version, 10)  # onnx >= 1.17 writes IR versions ORT 1.19 refuses
     with pytest.raises(Exception, match=ORT_OWN_FAILURES[name]):
         with contextlib.redirect_stdout(io.StringIO()):
-            ort_artifacts.generate_artifacts(model, requires_grad=params, loss=ort_artifacts.LossType.MSELoss,
-                                             optimizer=ort_artifacts.OptimType.SGD, artifact_directory=str(tmp_path))
+            ort_artifacts.generate_artifacts(
+                model,
+                requires_grad=params,
+                loss=ort_artifacts.LossType.MSELoss,
+                optimizer=ort_artifacts.OptimType.SGD,
+                artifact_directory=str(tmp_path),
+            )
         _module_grads(ort_api, tmp_path, feeds, params)

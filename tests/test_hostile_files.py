@@ -3,6 +3,7 @@ file inside the checkpoint's folder, only in the ranges the main file declares; 
 dims, dtypes and moments give CheckpointFormatError naming the tensor and the file;
 bfloat16 / float8 parameters are readable and writable.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,6 +36,7 @@ SGD = FIXTURES / "mlp_mse_sgd_op17"
 @contextlib.contextmanager
 def deadline(seconds: int):
     """Fail instead of hanging (a FIFO opened for reading blocks forever without O_NONBLOCK)."""
+
     def expired(signum, frame):
         raise TimeoutError(f"still running after {seconds} s")
 
@@ -50,9 +52,13 @@ def deadline(seconds: int):
 @pytest.fixture
 def external(tmp_path):
     """A checkpoint with external data in tmp_path/ck (two parameters: 140 bytes of .data)."""
-    record = CheckpointRecord(module_state=ModuleStateRecord(
-        [tensor_record_from_numpy("w", np.arange(30, dtype=np.float32))],
-        [tensor_record_from_numpy("b", np.arange(5, dtype=np.float32))], has_external_data=True))
+    record = CheckpointRecord(
+        module_state=ModuleStateRecord(
+            [tensor_record_from_numpy("w", np.arange(30, dtype=np.float32))],
+            [tensor_record_from_numpy("b", np.arange(5, dtype=np.float32))],
+            has_external_data=True,
+        )
+    )
     folder = tmp_path / "folder"
     folder.mkdir()
     write_checkpoint(record, folder / "ck", external_min_bytes=0)
@@ -69,7 +75,9 @@ def load(path, **kwargs):
 def test_fifo_companion_is_refused_without_blocking(external):
     os.remove(f"{external}.data")
     os.mkfifo(f"{external}.data")
-    with pytest.raises(CheckpointFormatError, match=r"cannot read its data file .*ck\.data: a FIFO, not a regular file"):
+    with pytest.raises(
+        CheckpointFormatError, match=r"cannot read its data file .*ck\.data: a FIFO, not a regular file"
+    ):
         load(external)
 
 
@@ -85,8 +93,11 @@ def test_symlink_out_of_the_folder_is_refused_unless_allowed(external, tmp_path)
     outside.write_bytes(data)
     os.remove(f"{external}.data")
     os.symlink(outside, f"{external}.data")
-    with pytest.raises(CheckpointFormatError, match=rf"is a symlink to {outside}, outside the checkpoint's folder "
-                                                   r"\(pass allow_external_symlinks=True"):
+    with pytest.raises(
+        CheckpointFormatError,
+        match=rf"is a symlink to {outside}, outside the checkpoint's folder "
+        r"\(pass allow_external_symlinks=True",
+    ):
         load(external)
     state = load(external, allow_external_symlinks=True)
     np.testing.assert_array_equal(state.parameters["w"].data, np.arange(30, dtype=np.float32))
@@ -120,9 +131,13 @@ def test_only_the_declared_ranges_are_read(external, monkeypatch):
             read.append(n)
 
     monkeypatch.setattr(os, "pread", lambda fd, n, offset: from_data(fd, n) or real_pread(fd, n, offset))
-    monkeypatch.setattr(os, "preadv", lambda fd, buffers, offset: from_data(fd, sum(len(memoryview(b).cast("B"))
-                                                                                   for b in buffers))
-                        or real_preadv(fd, buffers, offset))
+    monkeypatch.setattr(
+        os,
+        "preadv",
+        lambda fd, buffers, offset: (
+            from_data(fd, sum(len(memoryview(b).cast("B")) for b in buffers)) or real_preadv(fd, buffers, offset)
+        ),
+    )
     state = load(external)
     assert sum(read) == 140
     np.testing.assert_array_equal(state.parameters["w"].data, np.arange(30, dtype=np.float32))
@@ -133,12 +148,15 @@ def _with(tensor: TensorRecord, nominal: bool = False) -> bytes:
     return encode_checkpoint(CheckpointRecord(module_state=ModuleStateRecord([tensor], [], is_nominal=nominal)))[0]
 
 
-@pytest.mark.parametrize("dims, reason", [
-    ((2**40, 2**40, 0), r"dims \[1099511627776, 1099511627776, 0\] overflow a 64-bit size"),
-    ((0, 2**62), r"dims \[0, 4611686018427387904\] overflow a 64-bit size"),
-    ((1,) * 65, "rank 65 exceeds 64"),
-    ((-1, 0), "negative dimension"),
-])
+@pytest.mark.parametrize(
+    "dims, reason",
+    [
+        ((2**40, 2**40, 0), r"dims \[1099511627776, 1099511627776, 0\] overflow a 64-bit size"),
+        ((0, 2**62), r"dims \[0, 4611686018427387904\] overflow a 64-bit size"),
+        ((1,) * 65, "rank 65 exceeds 64"),
+        ((-1, 0), "negative dimension"),
+    ],
+)
 def test_impossible_dims_are_format_errors(tmp_path, dims, reason):
     data = _with(TensorRecord("w", int(TensorDataType.FLOAT), dims, b""))
     (tmp_path / "ck").write_bytes(data)
@@ -159,33 +177,65 @@ def _with_moment(shape, dtype=np.float32, nominal=False):
     if nominal:
         param = TensorRecord("w", int(TensorDataType.FLOAT), (), b"")
     moment = tensor_record_from_numpy("momentum0", np.zeros(shape, dtype))
-    return encode_checkpoint(CheckpointRecord(
-        module_state=ModuleStateRecord([param], [], is_nominal=nominal),
-        optimizer_groups=[OptimizerGroupRecord("group0", 1, 0.001, [ParameterOptimizerStateRecord("w", [moment])])]))[0]
+    return encode_checkpoint(
+        CheckpointRecord(
+            module_state=ModuleStateRecord([param], [], is_nominal=nominal),
+            optimizer_groups=[OptimizerGroupRecord("group0", 1, 0.001, [ParameterOptimizerStateRecord("w", [moment])])],
+        )
+    )[0]
 
 
 @pytest.mark.parametrize("shape, dtype", [((3, 2), np.float32), ((7,), np.float32), ((2, 3), np.float64)])
 def test_moment_unlike_its_parameter_is_refused_at_load(shape, dtype):
-    with pytest.raises(CheckpointFormatError, match=r"optimizer state 'momentum0' of parameter 'w' is .* but the "
-                                                   r"parameter is torch.float32 \[2, 3\]"):
+    with pytest.raises(
+        CheckpointFormatError,
+        match=r"optimizer state 'momentum0' of parameter 'w' is .* but the "
+        r"parameter is torch.float32 \[2, 3\]",
+    ):
         api.CheckpointState.load_checkpoint(_with_moment(shape, dtype))
 
 
 def test_moment_of_a_nominal_parameter_is_checked_when_the_optimizer_is_created():
-    record = CheckpointRecord(module_state=ModuleStateRecord(
-        [TensorRecord(n, int(TensorDataType.FLOAT), (), b"") for n in load_spec(SGD)["trainable_params"]],
-        [], is_nominal=True), optimizer_groups=[OptimizerGroupRecord("group0", 1, 0.001, [
-            ParameterOptimizerStateRecord("fc1.bias", [tensor_record_from_numpy("momentum0", np.zeros(3, np.float32))])])])
+    record = CheckpointRecord(
+        module_state=ModuleStateRecord(
+            [TensorRecord(n, int(TensorDataType.FLOAT), (), b"") for n in load_spec(SGD)["trainable_params"]],
+            [],
+            is_nominal=True,
+        ),
+        optimizer_groups=[
+            OptimizerGroupRecord(
+                "group0",
+                1,
+                0.001,
+                [
+                    ParameterOptimizerStateRecord(
+                        "fc1.bias", [tensor_record_from_numpy("momentum0", np.zeros(3, np.float32))]
+                    )
+                ],
+            )
+        ],
+    )
     state = api.CheckpointState.load_checkpoint(encode_checkpoint(record)[0])
     module = api.Module(SGD / "training_model.onnx", state)
-    with pytest.raises(ModelMismatchError, match=r"optimizer state 'momentum0' of parameter 'fc1.bias' is torch.float32 "
-                                                 r"\[3\] but the parameter is torch.float32 \[12\]"):
+    with pytest.raises(
+        ModelMismatchError,
+        match=r"optimizer state 'momentum0' of parameter 'fc1.bias' is torch.float32 "
+        r"\[3\] but the parameter is torch.float32 \[12\]",
+    ):
         api.Optimizer(SGD / "optimizer_model.onnx", module)
 
 
 # ---- dtypes numpy has no type for ----------------------------------------------------------------
-@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2,
-                                   ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2fnuz])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        ml_dtypes.bfloat16,
+        ml_dtypes.float8_e4m3fn,
+        ml_dtypes.float8_e5m2,
+        ml_dtypes.float8_e4m3fnuz,
+        ml_dtypes.float8_e5m2fnuz,
+    ],
+)
 def test_bfloat16_and_float8_parameters_read_and_write(dtype):
     values = np.array([[0.5, -1.0, 2.0], [0.0, 1.5, -0.25]], dtype=dtype)
     data = _with(tensor_record_from_numpy("w", values))

@@ -6,6 +6,7 @@ from the module's *unit* (its top-level module or subpackage: ``engine``, ``capi
 to the imported unit.  The unit graph has no cycle, no unit imports a unit of a higher layer
 (``LAYERS``), and no two modules with the same file name define the same public name.
 """
+
 from __future__ import annotations
 
 import ast
@@ -20,11 +21,27 @@ PACKAGE_DIR = pathlib.Path(__file__).resolve().parents[1] / PACKAGE
 #: way) and of lower layers, never of a higher one.
 LAYERS: List[Tuple[str, Set[str]]] = [
     ("shared test and benchmark code", {"testing"}),
-    ("surfaces", {"__init__", "__main__", "api", "capi_session", "session", "legacy", "cli", "switch", "migrate",
-                  "federated", "values"}),
+    (
+        "surfaces",
+        {
+            "__init__",
+            "__main__",
+            "api",
+            "capi_session",
+            "session",
+            "legacy",
+            "cli",
+            "switch",
+            "migrate",
+            "federated",
+            "values",
+        },
+    ),
     ("engine", {"engine"}),
-    ("conversion, codec, kernels, artifact building", {"graph", "codec", "optim", "ortformat", "artifacts",
-                                                       "onnxblock", "gradient"}),
+    (
+        "conversion, codec, kernels, artifact building",
+        {"graph", "codec", "optim", "ortformat", "artifacts", "onnxblock", "gradient"},
+    ),
     ("shared base", {"errors", "atomic_files"}),
 ]
 LAYER_OF: Dict[str, int] = {unit: len(LAYERS) - rank for rank, (_, units) in enumerate(LAYERS) for unit in units}
@@ -101,7 +118,7 @@ def _cycles(edges) -> List[List[str]]:
                 on_path.pop()
                 done.add(node)
             elif child in on_path:
-                cycles.append(on_path[on_path.index(child):] + [child])
+                cycles.append(on_path[on_path.index(child) :] + [child])
             elif child not in done:
                 stack.append((child, iter(sorted(graph[child]))))
                 on_path.append(child)
@@ -116,23 +133,30 @@ def test_every_unit_has_a_layer():
 
 def test_no_import_cycle_between_units():
     edges = unit_edges()
-    assert [" -> ".join(cycle) + "  (" + ", ".join(edges[(cycle[0], cycle[1])][:2]) + ")"
-            for cycle in _cycles(edges)] == []
+    assert [
+        " -> ".join(cycle) + "  (" + ", ".join(edges[(cycle[0], cycle[1])][:2]) + ")" for cycle in _cycles(edges)
+    ] == []
 
 
 def test_no_upward_import():
-    upward = [f"{source} ({LAYERS[len(LAYERS) - LAYER_OF[source]][0]}) imports {target} "
-              f"({LAYERS[len(LAYERS) - LAYER_OF[target]][0]}) at {', '.join(where)}"
-              for (source, target), where in sorted(unit_edges().items())
-              if source in LAYER_OF and target in LAYER_OF and LAYER_OF[source] < LAYER_OF[target]]
+    upward = [
+        f"{source} ({LAYERS[len(LAYERS) - LAYER_OF[source]][0]}) imports {target} "
+        f"({LAYERS[len(LAYERS) - LAYER_OF[target]][0]}) at {', '.join(where)}"
+        for (source, target), where in sorted(unit_edges().items())
+        if source in LAYER_OF and target in LAYER_OF and LAYER_OF[source] < LAYER_OF[target]
+    ]
     assert upward == []
 
 
 def test_testing_is_imported_by_nothing_in_the_package_and_imports_no_pytest():
     assert [pair for pair in unit_edges() if pair[1] == "testing"] == []
-    pytest_users = [module for module, path in MODULES.items() if _unit(module) == "testing"
-                    for target, _ in imports_of(module, ast.parse(path.read_text()))
-                    if target.split(".")[0] in ("pytest", "_pytest")]
+    pytest_users = [
+        module
+        for module, path in MODULES.items()
+        if _unit(module) == "testing"
+        for target, _ in imports_of(module, ast.parse(path.read_text()))
+        if target.split(".")[0] in ("pytest", "_pytest")
+    ]
     assert pytest_users == []  # the scripts import ort_torch_compat.testing without pytest installed
 
 

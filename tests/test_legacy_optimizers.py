@@ -12,6 +12,7 @@ Tolerance: |ours - reference| <= 1e-7 + 1e-6 * |reference|, float32 rounding ove
 steps: torch, numpy and ORT's Eigen round a few operations differently (fused SGD add,
 Eigen's sqrt, the order of the norm reductions); step counts must be equal.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -47,7 +48,7 @@ def assert_same_trajectory(ours, expected, what):
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s["name"] for s in SCENARIOS])
 def test_session_follows_orts_legacy_kernels(scenario, reference):
     prefix = scenario["name"] + "/"
-    expected = {key[len(prefix):]: value for key, value in reference.items() if key.startswith(prefix)}
+    expected = {key[len(prefix) :]: value for key, value in reference.items() if key.startswith(prefix)}
     assert expected, f"no recorded trajectory for {scenario['name']}: run scripts/make_legacy_optimizer_fixtures.py"
     assert_same_trajectory(run_session(scenario), expected, "transcription of ORT's source")
 

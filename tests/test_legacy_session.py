@@ -5,6 +5,7 @@ The model is a linear layer with an MSE loss computed inside the ONNX graph, so 
 gradient has a closed form: every step is replayed in numpy (float64) from the reference
 weights, and the session's weights and optimizer state must follow it.
 """
+
 from __future__ import annotations
 
 import io
@@ -41,9 +42,16 @@ def model_bytes() -> bytes:
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(_LinearMSE(), (torch.randn(5, 4), torch.randn(5, 3)), buffer, dynamo=False,
-                          opset_version=17, input_names=["x", "y"], output_names=["loss", "pred"],
-                          dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}, "pred": {0: "batch"}})
+        torch.onnx.export(
+            _LinearMSE(),
+            (torch.randn(5, 4), torch.randn(5, 3)),
+            buffer,
+            dynamo=False,
+            opset_version=17,
+            input_names=["x", "y"],
+            output_names=["loss", "pred"],
+            dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}, "pred": {0: "batch"}},
+        )
     return buffer.getvalue()
 
 
@@ -55,8 +63,10 @@ def initial(model_bytes):
 
 def batches(count, seed=1, n=6):
     rng = np.random.default_rng(seed)
-    return [(rng.standard_normal((n, 4)).astype(np.float32), rng.standard_normal((n, 3)).astype(np.float32))
-            for _ in range(count)]
+    return [
+        (rng.standard_normal((n, 4)).astype(np.float32), rng.standard_normal((n, 3)).astype(np.float32))
+        for _ in range(count)
+    ]
 
 
 def make_params(optimizer="SGDOptimizer", clip=False, float_attrs=None, int_attrs=None, **fields):
@@ -86,14 +96,14 @@ def ref_loss_and_grads(w, x, y):
     x, y = x.astype(np.float64), y.astype(np.float64)
     residual = x @ w[W].T + w[B] - y
     dpred = 2.0 * residual / residual.size
-    return float((residual ** 2).mean()), {W: dpred.T @ x, B: dpred.sum(axis=0)}
+    return float((residual**2).mean()), {W: dpred.T @ x, B: dpred.sum(axis=0)}
 
 
 def ref_divisor(grads, max_norm, enabled):
     """Clip factor: ||g||/max_norm when the global norm exceeds max_norm (ReduceAllL2 + _ComputeGradScale)."""
     if not enabled:
         return 1.0
-    norm = math.sqrt(sum(float((g ** 2).sum()) for g in grads.values()))
+    norm = math.sqrt(sum(float((g**2).sum()) for g in grads.values()))
     return norm / max_norm if norm > max_norm else 1.0
 
 
@@ -101,8 +111,8 @@ def ref_adam(w, g, m1, m2, t, lr, alpha=0.9, beta=0.999, lam=0.0, eps=1e-8, bias
     g = g / div
     m1 = alpha * m1 + (1 - alpha) * g
     m2 = beta * m2 + (1 - beta) * g * g
-    ac = 1 - alpha ** t if bias else 1.0
-    bc = 1 - beta ** t if bias else 1.0
+    ac = 1 - alpha**t if bias else 1.0
+    bc = 1 - beta**t if bias else 1.0
     if mode == 0:
         w = w - lr * ((m1 / ac) / (np.sqrt(m2 / bc) + eps) + lam * w)
     else:
@@ -112,13 +122,12 @@ def ref_adam(w, g, m1, m2, t, lr, alpha=0.9, beta=0.999, lam=0.0, eps=1e-8, bias
     return w, m1, m2
 
 
-def ref_lamb(w, g, m1, m2, t, lr, alpha=0.9, beta=0.999, lam=0.0, eps=1e-6, bias=0, rmin=-np.inf, rmax=np.inf,
-             div=1.0):
+def ref_lamb(w, g, m1, m2, t, lr, alpha=0.9, beta=0.999, lam=0.0, eps=1e-6, bias=0, rmin=-np.inf, rmax=np.inf, div=1.0):
     g = g / div
     m1 = alpha * m1 + (1 - alpha) * g
     m2 = beta * m2 + (1 - beta) * g * g
-    ac = 1 - alpha ** t if bias else 1.0
-    bc = 1 - beta ** t if bias else 1.0
+    ac = 1 - alpha**t if bias else 1.0
+    bc = 1 - beta**t if bias else 1.0
     d = lam * w + (m1 / ac) / (np.sqrt(m2 / bc) + eps)
     w_norm, d_norm = np.linalg.norm(w), np.linalg.norm(d)
     ratio = lr * min(max(w_norm / d_norm, rmin), rmax) if w_norm and d_norm else lr
@@ -147,8 +156,9 @@ def test_sgd_updates_follow_formula_with_lr_from_feed(model_bytes, initial):
 @pytest.mark.parametrize("mode,bias,lam", [(0, 1, 0.0), (0, 1, 0.01), (1, 1, 0.01), (1, 0, 0.0), (0, 0, 0.05)])
 def test_adam_updates_follow_formula(model_bytes, initial, mode, bias, lam):
     attrs = {"alpha": 0.8, "beta": 0.95, "lambda": lam, "epsilon": 1e-6}
-    params = make_params("AdamOptimizer", float_attrs=attrs,
-                         int_attrs={"do_bias_correction": bias, "weight_decay_mode": mode})
+    params = make_params(
+        "AdamOptimizer", float_attrs=attrs, int_attrs={"do_bias_correction": bias, "weight_decay_mode": mode}
+    )
     session = TrainingSession(model_bytes, params)
     ref = {k: v.copy() for k, v in initial.items()}
     m1 = {k: np.zeros_like(v) for k, v in ref.items()}
@@ -166,12 +176,15 @@ def test_adam_updates_follow_formula(model_bytes, initial, mode, bias, lam):
             assert state[f"Update_Count_{k}"].tolist() == [step + 1]
 
 
-@pytest.mark.parametrize("bias,lam,rmin,rmax", [
-    (0, 0.0, -np.inf, np.inf), (1, 0.01, -np.inf, np.inf), (1, 0.0, 0.5, 0.9), (0, 0.0, -np.inf, 0.1)])
+@pytest.mark.parametrize(
+    "bias,lam,rmin,rmax",
+    [(0, 0.0, -np.inf, np.inf), (1, 0.01, -np.inf, np.inf), (1, 0.0, 0.5, 0.9), (0, 0.0, -np.inf, 0.1)],
+)
 def test_lamb_updates_follow_formula(model_bytes, initial, bias, lam, rmin, rmax):
     attrs = {"alpha": 0.85, "beta": 0.99, "lambda": lam, "epsilon": 1e-6, "ratio_min": rmin, "ratio_max": rmax}
-    session = TrainingSession(model_bytes, make_params("LambOptimizer", float_attrs=attrs,
-                                                       int_attrs={"do_bias_correction": bias}))
+    session = TrainingSession(
+        model_bytes, make_params("LambOptimizer", float_attrs=attrs, int_attrs={"do_bias_correction": bias})
+    )
     ref = {k: v.copy() for k, v in initial.items()}
     m1 = {k: np.zeros_like(v) for k, v in ref.items()}
     m2 = {k: np.zeros_like(v) for k, v in ref.items()}
@@ -179,8 +192,9 @@ def test_lamb_updates_follow_formula(model_bytes, initial, bias, lam, rmin, rmax
         _, grads = ref_loss_and_grads(ref, x, y)
         session.run(["loss"], feed(x, y, 0.02))
         for k in ref:
-            ref[k], m1[k], m2[k] = ref_lamb(ref[k], grads[k], m1[k], m2[k], step, 0.02, 0.85, 0.99, lam, 1e-6,
-                                            bias, rmin, rmax)
+            ref[k], m1[k], m2[k] = ref_lamb(
+                ref[k], grads[k], m1[k], m2[k], step, 0.02, 0.85, 0.99, lam, 1e-6, bias, rmin, rmax
+            )
         state = session.get_state()
         assert state["Step"].tolist() == [step + 1]
         for k in ref:
@@ -197,8 +211,9 @@ def test_lamb_ratio_bounds_must_agree_across_weights(model_bytes):
 
 def test_grad_norm_clipping_of_lamb(model_bytes, initial):
     max_norm = 0.05
-    params = make_params("LambOptimizer", clip=True, float_attrs={"max_norm_clip": max_norm},
-                         int_attrs={"do_bias_correction": 1})
+    params = make_params(
+        "LambOptimizer", clip=True, float_attrs={"max_norm_clip": max_norm}, int_attrs={"do_bias_correction": 1}
+    )
     session = TrainingSession(model_bytes, params)
     ref = {k: v.copy() for k, v in initial.items()}
     m1 = {k: np.zeros_like(v) for k, v in ref.items()}
@@ -220,8 +235,9 @@ def test_adam_is_never_clipped_as_in_orts_cpu_kernel(model_bytes, initial):
     """ORT's CPU AdamOptimizer reads no gradient norm (docs/legacy.md): with clipping enabled and a
     max_norm_clip far below the gradient norm, the updates are the unclipped ones."""
     max_norm = 0.05
-    params = make_params("AdamOptimizer", clip=True, float_attrs={"max_norm_clip": max_norm},
-                         int_attrs={"do_bias_correction": 1})
+    params = make_params(
+        "AdamOptimizer", clip=True, float_attrs={"max_norm_clip": max_norm}, int_attrs={"do_bias_correction": 1}
+    )
     session = TrainingSession(model_bytes, params)
     ref = {k: v.copy() for k, v in initial.items()}
     m1 = {k: np.zeros_like(v) for k, v in ref.items()}
@@ -240,16 +256,18 @@ def test_adam_is_never_clipped_as_in_orts_cpu_kernel(model_bytes, initial):
 
 def test_grad_norm_clip_is_on_by_default_for_lamb_and_sgd_and_adam_ignore_it(model_bytes, initial):
     assert TrainingParameters().enable_grad_norm_clip is True
-    (x, y), = batches(1, seed=5)
+    ((x, y),) = batches(1, seed=5)
     clipped = TrainingSession(model_bytes, make_params("LambOptimizer", clip=True, float_attrs={"max_norm_clip": 1e-3}))
     free = TrainingSession(model_bytes, make_params("LambOptimizer", clip=False, float_attrs={"max_norm_clip": 1e-3}))
     clipped.run(["loss"], feed(x, y, 0.1))
     free.run(["loss"], feed(x, y, 0.1))
     assert not np.allclose(clipped.get_state()[f"Moment_1_{W}"], free.get_state()[f"Moment_1_{W}"])
-    adam_clipped = TrainingSession(model_bytes, make_params("AdamOptimizer", clip=True,
-                                                            float_attrs={"max_norm_clip": 1e-3}))
-    adam_free = TrainingSession(model_bytes, make_params("AdamOptimizer", clip=False,
-                                                         float_attrs={"max_norm_clip": 1e-3}))
+    adam_clipped = TrainingSession(
+        model_bytes, make_params("AdamOptimizer", clip=True, float_attrs={"max_norm_clip": 1e-3})
+    )
+    adam_free = TrainingSession(
+        model_bytes, make_params("AdamOptimizer", clip=False, float_attrs={"max_norm_clip": 1e-3})
+    )
     adam_clipped.run(["loss"], feed(x, y, 0.1))
     adam_free.run(["loss"], feed(x, y, 0.1))
     for key, value in adam_free.get_state().items():
@@ -266,7 +284,7 @@ def test_gradient_accumulation_averages_and_updates_every_n_calls(model_bytes, i
     session = TrainingSession(model_bytes, make_params("SGDOptimizer", gradient_accumulation_steps=3))
     data = batches(6, seed=6)
     grads = [ref_loss_and_grads(initial, x, y)[1] for x, y in data[:3]]
-    session.run(["loss"], feed(*data[0]))          # lr is only needed on the updating call
+    session.run(["loss"], feed(*data[0]))  # lr is only needed on the updating call
     session.run(["loss"], feed(*data[1], lr=0.3))
     assert_close(session.get_state()[W], initial[W], "no update before the 3rd call")
     with pytest.raises(InvalidInputError, match="Learning_Rate"):
@@ -292,7 +310,7 @@ def test_adam_update_count_advances_once_per_accumulated_update(model_bytes):
 def test_lr_feed_name_is_configurable(model_bytes, initial):
     session = TrainingSession(model_bytes, make_params("SGDOptimizer", lr_params_feed_name="lr"))
     assert session.get_inputs()[-1] == NodeArg("lr", "tensor(float)", [1])
-    (x, y), = batches(1, seed=8)
+    ((x, y),) = batches(1, seed=8)
     with pytest.raises(InvalidInputError, match="Invalid Feed Input Name:Learning_Rate"):
         session.run(["loss"], feed(x, y, 0.1))  # fed under the default name, which is unknown here
     with pytest.raises(InvalidInputError, match="Missing Input: lr"):
@@ -304,7 +322,7 @@ def test_lr_feed_name_is_configurable(model_bytes, initial):
 
 def test_no_optimizer_computes_gradients_without_updating(model_bytes, initial):
     session = TrainingSession(model_bytes, make_params("", set_gradients_as_graph_outputs=True))
-    (x, y), = batches(1, seed=9)
+    ((x, y),) = batches(1, seed=9)
     loss, grad_w, grad_b = session.run(["loss", f"{W}_grad", f"{B}_grad"], feed(x, y))
     ref_loss, grads = ref_loss_and_grads(initial, x, y)
     assert_close(loss, ref_loss)
@@ -358,14 +376,14 @@ def test_frozen_weights_are_not_state(model_bytes, initial):
     assert set(session.get_state()) == {W, f"Moment_1_{W}", f"Moment_2_{W}", f"Update_Count_{W}"}
     with pytest.raises(ModelMismatchError, match=B):
         session.load_state({B: np.zeros(3, np.float32)}, strict=True)
-    (x, y), = batches(1, seed=11)
+    ((x, y),) = batches(1, seed=11)
     session.run(["loss"], feed(x, y, 0.1))
     assert set(session.get_model_state()["full_precision"]) == {W}
     assert not np.allclose(session.get_state()[W], initial[W])
 
 
 def test_model_and_optimizer_state_structure(model_bytes):
-    (x, y), = batches(1, seed=12)
+    ((x, y),) = batches(1, seed=12)
     adam = TrainingSession(model_bytes, make_params("AdamOptimizer"))
     adam.run(["loss"], feed(x, y, 0.01))
     model_state = adam.get_model_state()
@@ -393,11 +411,12 @@ def test_optimizer_initial_state(model_bytes, initial):
     params = make_params("AdamOptimizer")
     m1 = {W: np.full((3, 4), 0.01, np.float32), B: np.full(3, -0.02, np.float32)}
     m2 = {W: np.full((3, 4), 0.003, np.float32), B: np.full(3, 0.001, np.float32)}
-    params.set_optimizer_initial_state({k: {"Moment_1": m1[k], "Moment_2": m2[k], "Update_Count": np.array([5])}
-                                        for k in (W, B)})
+    params.set_optimizer_initial_state(
+        {k: {"Moment_1": m1[k], "Moment_2": m2[k], "Update_Count": np.array([5])} for k in (W, B)}
+    )
     session = TrainingSession(model_bytes, params)
     assert session.get_optimizer_state()[W]["Update_Count"].tolist() == [5]
-    (x, y), = batches(1, seed=13)
+    ((x, y),) = batches(1, seed=13)
     session.run(["loss"], feed(x, y, 0.01))
     _, grads = ref_loss_and_grads(initial, x, y)
     for k in (W, B):
@@ -427,26 +446,39 @@ def _scaled_model():
         helper.make_node("ReduceMean", ["sq"], ["loss"], keepdims=0),
     ]
     graph = helper.make_graph(
-        nodes, "scaled",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3]),
-         helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 2]),
-         helper.make_tensor_value_info("s", TensorProto.FLOAT, [])],
+        nodes,
+        "scaled",
+        [
+            helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3]),
+            helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 2]),
+            helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
+        ],
         [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
-        initializer=[w, s])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="unit-test",
-                              domain="ai.test", model_version=3, doc_string="a scaled regression")
+        initializer=[w, s],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17)],
+        producer_name="unit-test",
+        domain="ai.test",
+        model_version=3,
+        doc_string="a scaled regression",
+    )
     helper.set_model_props(model, {"purpose": "legacy"})
     return model.SerializeToString()
 
 
-@pytest.mark.parametrize("fields,expected", [
-    ({}, {"W", "s"}),
-    ({"immutable_weights": {"Mul": [(1, 2.0)]}}, {"W"}),
-    ({"immutable_weights": {"Mul": [(1, 3.0)]}}, {"W", "s"}),
-    ({"weights_to_train": {"s"}}, {"s"}),
-    ({"weights_not_to_train": {"s"}}, {"W"}),
-    ({"weights_to_train": {"W", "nonexistent"}}, {"W"}),
-])
+@pytest.mark.parametrize(
+    "fields,expected",
+    [
+        ({}, {"W", "s"}),
+        ({"immutable_weights": {"Mul": [(1, 2.0)]}}, {"W"}),
+        ({"immutable_weights": {"Mul": [(1, 3.0)]}}, {"W", "s"}),
+        ({"weights_to_train": {"s"}}, {"s"}),
+        ({"weights_not_to_train": {"s"}}, {"W"}),
+        ({"weights_to_train": {"W", "nonexistent"}}, {"W"}),
+    ],
+)
 def test_trainable_weight_selection(fields, expected):
     params = TrainingParameters()
     params.loss_output_name = "loss"
@@ -471,14 +503,20 @@ def test_overridable_initializer_feed_and_metadata():
     x = np.ones((2, 3), np.float32)
     y = np.zeros((2, 2), np.float32)
     w = np.arange(6, dtype=np.float64).reshape(3, 2) / 10
-    loss_default, = session.run(["loss"], {"X": x, "Y": y, "Learning_Rate": np.array([0.0], np.float32)})
-    loss_override, = session.run(["loss"], {"X": x, "Y": y, "s": np.array(1.0, np.float32),
-                                            "Learning_Rate": np.array([0.0], np.float32)})
+    (loss_default,) = session.run(["loss"], {"X": x, "Y": y, "Learning_Rate": np.array([0.0], np.float32)})
+    (loss_override,) = session.run(
+        ["loss"], {"X": x, "Y": y, "s": np.array(1.0, np.float32), "Learning_Rate": np.array([0.0], np.float32)}
+    )
     assert_close(loss_default, ((x @ w * 2) ** 2).mean())
     assert_close(loss_override, ((x @ w) ** 2).mean())
     meta = session.get_modelmeta()
     assert (meta.producer_name, meta.graph_name, meta.domain, meta.description, meta.version) == (
-        "unit-test", "scaled", "ai.test", "a scaled regression", 3)
+        "unit-test",
+        "scaled",
+        "ai.test",
+        "a scaled regression",
+        3,
+    )
     assert meta.custom_metadata_map == {"purpose": "legacy"}
 
 
@@ -488,20 +526,23 @@ def test_accessors(model_bytes, tmp_path):
     path.write_bytes(model_bytes)
     options = SessionOptions()
     options.intra_op_num_threads = 1
-    session = TrainingSession(str(path), make_params("AdamOptimizer"), sess_options=options,
-                              providers=["CPUExecutionProvider"])
+    session = TrainingSession(
+        str(path), make_params("AdamOptimizer"), sess_options=options, providers=["CPUExecutionProvider"]
+    )
     assert session.get_session_options() is options
     assert session.get_providers() == ["CPUExecutionProvider"]
     assert session.get_provider_options() == {"CPUExecutionProvider": {}}
     assert [(a.name, a.type, a.shape) for a in session.get_inputs()] == [
-        ("x", "tensor(float)", ["batch", 4]), ("y", "tensor(float)", ["batch", 3]),
-        ("Learning_Rate", "tensor(float)", [1])]
+        ("x", "tensor(float)", ["batch", 4]),
+        ("y", "tensor(float)", ["batch", 3]),
+        ("Learning_Rate", "tensor(float)", [1]),
+    ]
     assert [(a.name, a.shape) for a in session.get_outputs()] == [("loss", []), ("pred", ["batch", 3])]
     assert session.get_overridable_initializers() == []
     assert session.get_modelmeta().producer_name == "pytorch"
     assert isinstance(TrainingSession(model_bytes, make_params()).get_session_options(), SessionOptions)
     assert session.is_output_fp32_node("loss")
-    (x, y), = batches(1, seed=14)
+    ((x, y),) = batches(1, seed=14)
     loss, pred = session.run(None, feed(x, y, 0.01))  # None: every graph output
     assert pred.shape == (6, 3) and loss.shape == ()
 
@@ -512,8 +553,9 @@ def test_unavailable_providers_fall_back_to_cpu(model_bytes):
         assert session.get_providers() == ["CUDAExecutionProvider", "CPUExecutionProvider"]
         return
     with pytest.warns(RuntimeWarning, match="CUDAExecutionProvider"):
-        session = TrainingSession(model_bytes, make_params(),
-                                  providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+        session = TrainingSession(
+            model_bytes, make_params(), providers=["CUDAExecutionProvider", "CPUExecutionProvider"]
+        )
     assert session.get_providers() == ["CPUExecutionProvider"]
 
 
@@ -531,7 +573,7 @@ def test_cuda_matches_cpu(model_bytes):
 
 def test_feed_and_fetch_errors(model_bytes):
     session = TrainingSession(model_bytes, make_params())
-    (x, y), = batches(1, seed=16)
+    ((x, y),) = batches(1, seed=16)
     with pytest.raises(InvalidInputError, match="Invalid Feed Input Name"):
         session.run(["loss"], dict(feed(x, y, 0.1), z=x))
     with pytest.raises(InvalidInputError, match="Missing Input: y"):
@@ -563,12 +605,22 @@ def test_configuration_errors(model_bytes, tmp_path):
         TrainingSession(str(ort_path), make_params())
 
 
-@pytest.mark.parametrize("field,value", [
-    ("world_size", 2), ("world_rank", 1), ("data_parallel_size", 2), ("horizontal_parallel_size", 2),
-    ("pipeline_parallel_size", 2), ("num_pipeline_micro_batches", 4), ("deepspeed_zero_stage", 1),
-    ("allreduce_post_accumulation", True), ("enable_adasum", True), ("pipeline_cut_info_string", "a-b"),
-    ("sliced_tensor_names", ["w"]),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("world_size", 2),
+        ("world_rank", 1),
+        ("data_parallel_size", 2),
+        ("horizontal_parallel_size", 2),
+        ("pipeline_parallel_size", 2),
+        ("num_pipeline_micro_batches", 4),
+        ("deepspeed_zero_stage", 1),
+        ("allreduce_post_accumulation", True),
+        ("enable_adasum", True),
+        ("pipeline_cut_info_string", "a-b"),
+        ("sliced_tensor_names", ["w"]),
+    ],
+)
 def test_multi_node_fields_point_to_ddp(model_bytes, field, value):
     with pytest.raises(NotImplementedError, match="DistributedDataParallel") as info:
         TrainingSession(model_bytes, make_params(**{field: value}))
@@ -586,7 +638,7 @@ def test_parameters_are_snapshotted(model_bytes, initial):
     session = TrainingSession(model_bytes, params)
     params.training_optimizer_name = "AdamOptimizer"
     params.lr_params_feed_name = "other"
-    (x, y), = batches(1, seed=17)
+    ((x, y),) = batches(1, seed=17)
     session.run(["loss"], feed(x, y, 0.1))
     assert set(session.get_state()) == {W, B}
 

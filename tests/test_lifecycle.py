@@ -4,6 +4,7 @@ Each resume test splits the standard scenario at step 2 with a checkpoint and co
 resumed steps 3-5 with ORT's uninterrupted run (tests/fixtures/<config>/expected.npz).
 Tests marked `live` also drive onnxruntime-training itself and skip where it is absent.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,8 +34,7 @@ def open_run(api, directory, checkpoint):
 def expected_steps(directory, first, last):
     expected = np.load(directory / "expected.npz")
     keep = tuple(f"step{k}/" for k in range(first, last + 1))
-    return {k: expected[k] for k in expected.files
-            if k.startswith(keep) and ("/loss" in k or "/param/" in k)}
+    return {k: expected[k] for k in expected.files if k.startswith(keep) and ("/loss" in k or "/param/" in k)}
 
 
 def train_here_and_save(directory, path):
@@ -124,8 +124,9 @@ def test_nominal_state_needs_parameters_first():
 
 
 # ---- export ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("config,outputs", [("mlp_ce_adamw_op17", None), ("cnn_mse_sgd_op17", None),
-                                            ("transformer_ce_adamw_op17", None)])
+@pytest.mark.parametrize(
+    "config,outputs", [("mlp_ce_adamw_op17", None), ("cnn_mse_sgd_op17", None), ("transformer_ce_adamw_op17", None)]
+)
 def test_exported_model_runs_in_inference_session(config, outputs, tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
     directory = FIXTURES / config

@@ -1,4 +1,5 @@
 """State conversion (to-torch / from-torch) and to_torch_module."""
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,14 @@ from ort_torch_compat.migrate import (
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CODEC = ROOT / "tests" / "fixtures" / "codec"
 FIXTURES = ROOT / "tests" / "fixtures"
-ROUND_TRIP = ["state_adamw_checkpoint", "state_sgd_checkpoint", "state_properties_checkpoint",
-              "state_dtypes_checkpoint", "state_external_checkpoint", "artifact_checkpoint"]
+ROUND_TRIP = [
+    "state_adamw_checkpoint",
+    "state_sgd_checkpoint",
+    "state_properties_checkpoint",
+    "state_dtypes_checkpoint",
+    "state_external_checkpoint",
+    "artifact_checkpoint",
+]
 
 
 def _reference_save(source: pathlib.Path, target: pathlib.Path) -> None:
@@ -56,8 +63,9 @@ def test_round_trip_is_byte_identical(tmp_path, name, suffix):
 
     before, after = load_state(source), load_state(tmp_path / "checkpoint")
     assert after.properties == before.properties
-    assert {n: s.requires_grad for n, s in after.parameters.items()} == \
-        {n: s.requires_grad for n, s in before.parameters.items()}
+    assert {n: s.requires_grad for n, s in after.parameters.items()} == {
+        n: s.requires_grad for n, s in before.parameters.items()
+    }
     for n, slot in before.parameters.items():
         assert torch.equal(after.parameters[n].tensor, slot.tensor), n
 
@@ -81,8 +89,10 @@ def test_round_trip_keeps_template_optimizer_without_optimizer_keys(tmp_path):
     assert main(["from-torch", str(tmp_path / "p.safetensors"), str(source), str(tmp_path / "ck")]) == 0
     _reference_save(source, tmp_path / "reference")
     _same_files(tmp_path / "ck", tmp_path / "reference")
-    assert main(["from-torch", str(tmp_path / "p.safetensors"), str(source), str(tmp_path / "noopt"),
-                 "--drop-optimizer"]) == 0
+    assert (
+        main(["from-torch", str(tmp_path / "p.safetensors"), str(source), str(tmp_path / "noopt"), "--drop-optimizer"])
+        == 0
+    )
     assert load_state(tmp_path / "noopt").optimizer is None
 
 
@@ -113,14 +123,19 @@ def _write(tmp_path, tensors) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("change, needle", [
-    (lambda t: t.pop("fc1.bias"), "'fc1.bias' is missing"),
-    (lambda t: t.__setitem__("extra.weight", torch.zeros(2)), "'extra.weight' is extra"),
-    (lambda t: t.__setitem__("fc1.weight", torch.zeros(4, 3)), "'fc1.weight' has shape [4, 3]"),
-    (lambda t: t.__setitem__("fc2.bias", torch.zeros(2, dtype=torch.float64)), "'fc2.bias' has dtype float64"),
-    (lambda t: t.__setitem__("optimizer/fc1.bias/momentum7", torch.zeros(3)),
-     "'optimizer/fc1.bias/momentum7' is extra"),
-])
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        (lambda t: t.pop("fc1.bias"), "'fc1.bias' is missing"),
+        (lambda t: t.__setitem__("extra.weight", torch.zeros(2)), "'extra.weight' is extra"),
+        (lambda t: t.__setitem__("fc1.weight", torch.zeros(4, 3)), "'fc1.weight' has shape [4, 3]"),
+        (lambda t: t.__setitem__("fc2.bias", torch.zeros(2, dtype=torch.float64)), "'fc2.bias' has dtype float64"),
+        (
+            lambda t: t.__setitem__("optimizer/fc1.bias/momentum7", torch.zeros(3)),
+            "'optimizer/fc1.bias/momentum7' is extra",
+        ),
+    ],
+)
 def test_from_torch_rejects_mismatches(tmp_path, capsys, change, needle):
     source = CODEC / "state_adamw_checkpoint"
     tensors = state_to_tensors(source, include_optimizer=True)
@@ -219,8 +234,11 @@ def test_model_outputs_are_what_the_loss_consumes(fixture):
 
 
 def test_save_checkpoint_and_escaped_names(tmp_path):
-    module = to_torch_module(FIXTURES / "frozen_ce_sgd_op17" / "training_model.onnx",
-                             FIXTURES / "frozen_ce_sgd_op17" / "checkpoint", eval_model=False)
+    module = to_torch_module(
+        FIXTURES / "frozen_ce_sgd_op17" / "training_model.onnx",
+        FIXTURES / "frozen_ce_sgd_op17" / "checkpoint",
+        eval_model=False,
+    )
     with torch.no_grad():
         for p in module.parameters():
             p.add_(1.0)
@@ -232,8 +250,9 @@ def test_save_checkpoint_and_escaped_names(tmp_path):
 
     # Names that cannot be module paths still round-trip through state_dict().
     names = ["a", "a.b", "training.x", "x..y", "0.weight", "_flat.z"]
-    state = TrainingState(parameters={n: ParameterSlot(n, 1, True, torch.full((2,), float(i)))
-                                      for i, n in enumerate(names)})
+    state = TrainingState(
+        parameters={n: ParameterSlot(n, 1, True, torch.full((2,), float(i))) for i, n in enumerate(names)}
+    )
     odd = OrtTorchModule(state, {"train": None, "eval": None}, with_loss=True, order=names)
     assert list(odd.state_dict()) == names
     assert set(odd.checkpoint_names.values()) == set(names)
@@ -272,6 +291,7 @@ def test_torch_module_first_step_matches_ort_on_every_fixture(directory):
     loss.backward()
     params = dict(model.named_parameters())
     for name in spec["trainable_params"]:
-        np.testing.assert_allclose(params[name].grad.numpy(), expected[f"step1/grad/{name}"], rtol=1e-4, atol=1e-5,
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            params[name].grad.numpy(), expected[f"step1/grad/{name}"], rtol=1e-4, atol=1e-5, err_msg=name
+        )
     assert {n for n, p in params.items() if not p.requires_grad} == set(spec.get("frozen_params", []))

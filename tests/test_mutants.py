@@ -6,6 +6,7 @@ come from committed fixtures (tests/fixtures, recorded by scripts/make_reference
 checks that run onnxruntime (or onnxruntime-training) live are skipped where it is not
 installed.
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -80,7 +81,9 @@ def _external_layout(model_path: pathlib.Path) -> dict:
     for tensor in model.graph.initializer:
         entries = {e.key: e.value for e in tensor.external_data}
         external = tensor.data_location == onnx.TensorProto.EXTERNAL
-        layout[tensor.name] = (entries["location"], int(entries["offset"]), int(entries["length"])) if external else None
+        layout[tensor.name] = (
+            (entries["location"], int(entries["offset"]), int(entries["length"])) if external else None
+        )
     return layout
 
 
@@ -112,21 +115,29 @@ def test_export_from_a_checkpoint_with_external_data(tmp_path, monkeypatch):
         assert layout[name] == (("external.onnx.data", offset, length) if length >= 64 else None), name
         offset += length if length >= 64 else 0
     assert (tmp_path / "external.onnx.data").stat().st_size == offset
-    weights = {kind: {i.name: onnx.numpy_helper.to_array(i, base_dir=str(tmp_path))
-                      for i in onnx.load(str(tmp_path / f"{kind}.onnx")).graph.initializer}
-               for kind in ("inline", "external")}
+    weights = {
+        kind: {
+            i.name: onnx.numpy_helper.to_array(i, base_dir=str(tmp_path))
+            for i in onnx.load(str(tmp_path / f"{kind}.onnx")).graph.initializer
+        }
+        for kind in ("inline", "external")
+    }
     for name, value in weights["inline"].items():
         np.testing.assert_array_equal(weights["external"][name], value, err_msg=name)
 
     ort_api = pytest.importorskip("onnxruntime.training.api")
-    ort_module = ort_api.Module(str(directory / "training_model.onnx"),
-                                ort_api.CheckpointState.load_checkpoint(str(external)),
-                                str(directory / "eval_model.onnx"))
+    ort_module = ort_api.Module(
+        str(directory / "training_model.onnx"),
+        ort_api.CheckpointState.load_checkpoint(str(external)),
+        str(directory / "eval_model.onnx"),
+    )
     monkeypatch.chdir(tmp_path)  # ORT 1.19.2 refuses an absolute path when it writes external data
     ort_module.export_model_for_inferencing("ort.onnx", outputs)
-    ort_layout = {name: entry and ("external.onnx.data",) + entry[1:]
-                  for name, entry in _external_layout(tmp_path / "ort.onnx").items()
-                  if name in layout}  # ORT also keeps the eval graph's unused (4-byte) constants
+    ort_layout = {
+        name: entry and ("external.onnx.data",) + entry[1:]
+        for name, entry in _external_layout(tmp_path / "ort.onnx").items()
+        if name in layout
+    }  # ORT also keeps the eval graph's unused (4-byte) constants
     assert ort_layout == layout
     assert (tmp_path / "ort.onnx.data").read_bytes() == (tmp_path / "external.onnx.data").read_bytes()
 
@@ -165,12 +176,17 @@ def test_export_prunes_unused_optional_outputs_and_onnxruntime_loads_it(tmp_path
     with pytest.raises(Exception):  # the premise: ORT refuses the unpruned graph
         ort.InferenceSession(str(directory / "eval_model.onnx"), providers=["CPUExecutionProvider"])
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    feeds = {i.name: np.random.default_rng(2).standard_normal(
-        [d if isinstance(d, int) else 1 for d in i.shape]).astype(np.float32) for i in session.get_inputs()}
+    feeds = {
+        i.name: np.random.default_rng(2)
+        .standard_normal([d if isinstance(d, int) else 1 for d in i.shape])
+        .astype(np.float32)
+        for i in session.get_inputs()
+    }
     (ort_y,) = session.run(None, feeds)
     y = model.graph.output[0].name
-    ours_model = build_graph_module(model.graph, {e.domain: e.version for e in model.opset_import},
-                                    list(feeds), [y], "exported")
+    ours_model = build_graph_module(
+        model.graph, {e.domain: e.version for e in model.opset_import}, list(feeds), [y], "exported"
+    )
     with torch.no_grad():
         (torch_y,) = ours_model(*[torch.from_numpy(v) for v in feeds.values()])
     np.testing.assert_allclose(ort_y, torch_y.numpy(), rtol=1e-5, atol=1e-6)
@@ -198,10 +214,12 @@ def _dropout_12_without_ratio() -> onnx.ModelProto:
     """y = Dropout-12(x, <no ratio>, training_mode=True): ONNX's default ratio 0.5 applies."""
     node = helper.make_node("Dropout", ["x", "", "training_mode"], ["y"])
     graph = helper.make_graph(
-        [node], "dropout_default_ratio",
+        [node],
+        "dropout_default_ratio",
         [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [100, 100])],
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [100, 100])],
-        [helper.make_tensor("training_mode", onnx.TensorProto.BOOL, [], [True])])
+        [helper.make_tensor("training_mode", onnx.TensorProto.BOOL, [], [True])],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)], ir_version=8)
 
 

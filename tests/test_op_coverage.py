@@ -6,6 +6,7 @@ The only exceptions are op_replay's two lists (ORT_GRADIENT_QUIRKS reproduced by
 and checked for their exact alternative here, ORT_GRADIENT_WRONG checked against central
 differences).
 """
+
 from __future__ import annotations
 
 import re
@@ -37,7 +38,9 @@ def test_forward_matches_onnxruntime(op):
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("op", sorted(op for op, cases in BY_OP.items() if any(c["ort_gradient"] == "ok" for c in cases)))
+@pytest.mark.parametrize(
+    "op", sorted(op for op, cases in BY_OP.items() if any(c["ort_gradient"] == "ok" for c in cases))
+)
 def test_gradient_matches_onnxruntime(op):
     problems = []
     for case in BY_OP[op]:
@@ -60,8 +63,9 @@ def test_exact_gradients_where_ort_deviates(case):
     arrays = ARRAYS(case)
     exact = op_replay.replay_gradient_numerically(case, arrays, gradients="exact")
     assert exact.status == "pass", str(exact)
-    assert op_replay.replay_gradient(case, arrays, gradients="exact").status == "fail", \
+    assert op_replay.replay_gradient(case, arrays, gradients="exact").status == "fail", (
         f"{case['id']}: ORT's gradient equals the exact one; drop it from ORT_GRADIENT_QUIRKS"
+    )
 
 
 def test_every_listed_case_exists():

@@ -8,6 +8,7 @@
 * The legacy optimizers are ordinary torch optimizers: they train a torch module, reject the
   attribute values ORT's kernels reject, and start their state as ORT's initializers do.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,15 +26,35 @@ def test_fused_adamw_matches_the_reference_formula(adam_mode):
     """A large epsilon and weight decay: the fused kernel's rewritten eps, lr and decay must matter."""
     torch.manual_seed(0)
     params = [torch.randn(257), torch.randn(4, 33)]
-    runs = {fused: ([p.clone() for p in params], [torch.zeros_like(p) for p in params],
-                    [torch.zeros_like(p) for p in params]) for fused in (True, False)}
+    runs = {
+        fused: (
+            [p.clone() for p in params],
+            [torch.zeros_like(p) for p in params],
+            [torch.zeros_like(p) for p in params],
+        )
+        for fused in (True, False)
+    }
     for step in range(1, 6):
         grads = [torch.randn_like(p) for p in params]
         for fused, (ps, m, v) in runs.items():
-            adamw_step(ps, grads, m, v, lr=0.01, step=step, alpha=0.9, beta=0.999, epsilon=1e-3, weight_decay=0.1,
-                       adam_mode=adam_mode, correct_bias=True, fused=fused)
-    for fused_t, reference_t in zip(runs[True][0] + runs[True][1] + runs[True][2],
-                                    runs[False][0] + runs[False][1] + runs[False][2]):
+            adamw_step(
+                ps,
+                grads,
+                m,
+                v,
+                lr=0.01,
+                step=step,
+                alpha=0.9,
+                beta=0.999,
+                epsilon=1e-3,
+                weight_decay=0.1,
+                adam_mode=adam_mode,
+                correct_bias=True,
+                fused=fused,
+            )
+    for fused_t, reference_t in zip(
+        runs[True][0] + runs[True][1] + runs[True][2], runs[False][0] + runs[False][1] + runs[False][2]
+    ):
         torch.testing.assert_close(fused_t, reference_t, rtol=1e-5, atol=1e-7)
     assert not torch.equal(runs[True][0][0], params[0]), "the parameters must have moved"
 
@@ -45,8 +66,8 @@ def test_bias_correction_rounds_as_each_ort_kernel(coefficient, step):
     (common.h, compute_bias_correction_coefficient): `TC(1.0 - std::pow(double(c), double(step)))`.
     Kills swapping the two roundings (the parity tests' tolerances let the legacy one through)."""
     c64 = float(np.float32(coefficient))
-    assert bias_correction(coefficient, step, legacy=False) == np.float32(1.0) - np.float32(c64 ** step)
-    assert bias_correction(coefficient, step, legacy=True) == np.float32(1.0 - c64 ** step)
+    assert bias_correction(coefficient, step, legacy=False) == np.float32(1.0) - np.float32(c64**step)
+    assert bias_correction(coefficient, step, legacy=True) == np.float32(1.0 - c64**step)
     assert bias_correction(coefficient, 0, legacy=True) == 1.0
 
 
@@ -55,8 +76,11 @@ def test_the_two_bias_correction_roundings_differ():
     assert bias_correction(0.999, 2, legacy=False) != bias_correction(0.999, 2, legacy=True)
 
 
-@pytest.mark.parametrize("make", [lambda p: LegacySGD(p, lr=0.1), lambda p: LegacyAdam(p, lr=0.05),
-                                  lambda p: Lamb(p, lr=0.05)], ids=["sgd", "adam", "lamb"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda p: LegacySGD(p, lr=0.1), lambda p: LegacyAdam(p, lr=0.05), lambda p: Lamb(p, lr=0.05)],
+    ids=["sgd", "adam", "lamb"],
+)
 def test_legacy_optimizers_train_a_torch_module(make):
     torch.manual_seed(1)
     model = torch.nn.Linear(3, 1)
@@ -81,13 +105,16 @@ def test_legacy_state_starts_as_orts_initializers():
     assert lamb.step_count == 1
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda p: LegacyAdam([{"params": p, "name": "w", "alpha": -0.1}]), "'alpha' of 'w' must be >= 0"),
-    (lambda p: LegacyAdam(p, weight_decay_mode=2), "weight_decay_mode must be 0 or 1"),
-    (lambda p: LegacyAdam(p, do_bias_correction=3), "do_bias_correction must be 0 or 1"),
-    (lambda p: Lamb(p, epsilon=-1.0), "'epsilon' must be >= 0"),
-    (lambda p: Lamb([{"params": p, "name": "w", "max_norm_clip": 0.0}]), "max_norm_clip of 'w' must not be 0"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda p: LegacyAdam([{"params": p, "name": "w", "alpha": -0.1}]), "'alpha' of 'w' must be >= 0"),
+        (lambda p: LegacyAdam(p, weight_decay_mode=2), "weight_decay_mode must be 0 or 1"),
+        (lambda p: LegacyAdam(p, do_bias_correction=3), "do_bias_correction must be 0 or 1"),
+        (lambda p: Lamb(p, epsilon=-1.0), "'epsilon' must be >= 0"),
+        (lambda p: Lamb([{"params": p, "name": "w", "max_norm_clip": 0.0}]), "max_norm_clip of 'w' must not be 0"),
+    ],
+)
 def test_legacy_optimizers_reject_what_orts_kernels_reject(make, message):
     with pytest.raises(ValueError, match=message):
         make([torch.nn.Parameter(torch.ones(2))])

@@ -17,6 +17,7 @@ converted by onnxruntime 1.19.2's `convert_onnx_models_to_ort` with its defaults
 * The format is told from the contents, not the name; an attribute/subgraph/sparse model
   converts to an ONNX model with the same outputs; runtime-optimization records are refused.
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -60,8 +61,14 @@ def _check_parity(expected: dict, actual: dict, spec: dict) -> list:
 
 
 def test_fixtures_cover_the_families():
-    assert {"cnn_mse_sgd_op17", "transformer_ce_adamw_op17", "lstm_bce_adamw_op17", "gru_ce_sgd_op17",
-            "frozen_mse_adamw_op17", "mlp_mse_adamw_op17"} <= set(SOURCES)
+    assert {
+        "cnn_mse_sgd_op17",
+        "transformer_ce_adamw_op17",
+        "lstm_bce_adamw_op17",
+        "gru_ce_sgd_op17",
+        "frozen_mse_adamw_op17",
+        "mlp_mse_adamw_op17",
+    } <= set(SOURCES)
 
 
 @pytest.mark.parametrize("source", SOURCES)
@@ -96,17 +103,20 @@ def test_ort_models_read_with_the_same_interface(source):
             if not dropped:  # the checker wants a shape on every main-graph input and output
                 onnx.checker.check_model(converted)
         assert converted.ir_version == original.ir_version
-        assert {(o.domain, o.version) for o in original.opset_import} <= {(o.domain, o.version)
-                                                                         for o in converted.opset_import}
+        assert {(o.domain, o.version) for o in original.opset_import} <= {
+            (o.domain, o.version) for o in converted.opset_import
+        }
         assert converted == load_model(data, model)  # from bytes: the same model
 
 
 VARIANTS = [(source, False) for source in SOURCES] + [
-    (source, True) for source in SOURCES if (ORT_FORMAT / source / "training_model.with_runtime_opt.ort").exists()]
+    (source, True) for source in SOURCES if (ORT_FORMAT / source / "training_model.with_runtime_opt.ort").exists()
+]
 
 
-@pytest.mark.parametrize("source,runtime", VARIANTS,
-                         ids=[f"{s}-{'with_runtime_opt' if r else 'fixed'}" for s, r in VARIANTS])
+@pytest.mark.parametrize(
+    "source,runtime", VARIANTS, ids=[f"{s}-{'with_runtime_opt' if r else 'fixed'}" for s, r in VARIANTS]
+)
 def test_ort_artifacts_train_to_the_numbers_of_the_onnx_originals(source, runtime, tmp_path):
     spec = load_spec(FIXTURES / source)
     expected = dict(np.load(FIXTURES / source / "expected.npz", allow_pickle=False))
@@ -214,8 +224,14 @@ def test_every_attribute_kind_subgraphs_and_sparse_initializers_convert():
     original = onnx.load(ORT_FORMAT / "attributes" / "model.onnx")
     onnx.checker.check_model(converted)
     kinds = {a.type for n in converted.graph.node for a in n.attribute}
-    assert {onnx.AttributeProto.FLOAT, onnx.AttributeProto.INT, onnx.AttributeProto.STRING,
-            onnx.AttributeProto.GRAPH, onnx.AttributeProto.INTS, onnx.AttributeProto.STRINGS} <= kinds
+    assert {
+        onnx.AttributeProto.FLOAT,
+        onnx.AttributeProto.INT,
+        onnx.AttributeProto.STRING,
+        onnx.AttributeProto.GRAPH,
+        onnx.AttributeProto.INTS,
+        onnx.AttributeProto.STRINGS,
+    } <= kinds
     assert [s.values.name for s in converted.graph.sparse_initializer] == ["sp"]
     assert converted.graph.sparse_initializer[0].indices.data_type == onnx.TensorProto.INT64  # ORT stores int8
     # ORT turns Constant nodes into initializers (the tensor, floats, ints and string kinds)
@@ -266,10 +282,12 @@ def test_reader_does_not_import_torch_or_onnxruntime():
     import subprocess
     import sys
 
-    code = ("import sys; from ort_torch_compat.ortformat import read_ort_model; "
-            f"m = read_ort_model(open({str(ORT_FORMAT / 'mlp_mse_adamw_op17' / 'eval_model.ort')!r}, 'rb').read()); "
-            "assert m.graph.node; bad = [n for n in ('torch', 'onnxruntime') if n in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys; from ort_torch_compat.ortformat import read_ort_model; "
+        f"m = read_ort_model(open({str(ORT_FORMAT / 'mlp_mse_adamw_op17' / 'eval_model.ort')!r}, 'rb').read()); "
+        "assert m.graph.node; bad = [n for n in ('torch', 'onnxruntime') if n in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(FIXTURES.parent.parent))
 
 

@@ -12,6 +12,7 @@ whose length claims 4 G elements, one initializer referenced 100 000 times (a 40
 would expand to 100 GB), offsets pointing past the end, a node consuming its own output,
 fused nodes, external data, sparse-tensor attributes, unknown attribute kinds.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,9 @@ ORT_FORMAT = FIXTURES / "ort_format"
 SEEDS = {str(p.relative_to(ORT_FORMAT)): p.read_bytes() for p in sorted(ORT_FORMAT.rglob("*.ort"))}
 SEED_NAMES = sorted(SEEDS)
 TRAINING_SEEDS = [name for name in SEED_NAMES if name.endswith("/training_model.ort")]
-STATES = {name: api.CheckpointState.load_checkpoint(FIXTURES / name.split("/")[0] / "checkpoint")
-          for name in TRAINING_SEEDS}
+STATES = {
+    name: api.CheckpointState.load_checkpoint(FIXTURES / name.split("/")[0] / "checkpoint") for name in TRAINING_SEEDS
+}
 EXAMPLES = int(os.environ.get("ORT_TORCH_COMPAT_FUZZ_EXAMPLES", "300"))
 
 
@@ -55,8 +57,13 @@ def test_fuzzed_ort_files_load_or_fail_cleanly(seed, steps):
 
 
 def _feeds(module: api.Module) -> list:
-    return [np.ones([d if isinstance(d, int) and d > 0 else 2 for d in (spec.shape or ())],
-                    dtype=np.float32 if spec.elem_type == 1 else np.int64) for spec in module._engine.train_io.user_inputs]
+    return [
+        np.ones(
+            [d if isinstance(d, int) and d > 0 else 2 for d in (spec.shape or ())],
+            dtype=np.float32 if spec.elem_type == 1 else np.int64,
+        )
+        for spec in module._engine.train_io.user_inputs
+    ]
 
 
 @settings(max_examples=max(EXAMPLES // 3, 1), deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
@@ -123,8 +130,12 @@ class _Build:
         return self.table(fields)
 
     def node(self, op, inputs, outputs, attributes=(), fused=False):
-        fields = [(0, "off", self.string(f"n_{op}")), (5, "off", self.string(op)),
-                  (8, "off", self.strings(inputs)), (9, "off", self.strings(outputs))]
+        fields = [
+            (0, "off", self.string(f"n_{op}")),
+            (5, "off", self.string(op)),
+            (8, "off", self.strings(inputs)),
+            (9, "off", self.strings(outputs)),
+        ]
         if attributes:
             fields.append((10, "off", self.offsets(list(attributes))))
         if fused:
@@ -132,8 +143,14 @@ class _Build:
         return self.table(fields)
 
     def finish(self, nodes=(), initializers=(), inputs=("x",), outputs=("y",), version="6"):
-        graph = self.table([(0, "off", self.offsets(list(initializers))), (2, "off", self.offsets(list(nodes))),
-                            (5, "off", self.strings(inputs)), (6, "off", self.strings(outputs))])
+        graph = self.table(
+            [
+                (0, "off", self.offsets(list(initializers))),
+                (2, "off", self.offsets(list(nodes))),
+                (5, "off", self.strings(inputs)),
+                (6, "off", self.strings(outputs)),
+            ]
+        )
         opset = self.table([(0, "off", self.string("")), (1, "i64", 17)])
         model = self.table([(0, "i64", 8), (1, "off", self.offsets([opset])), (7, "off", graph)])
         session = self.table([(0, "off", self.string(version)), (1, "off", model)])
@@ -169,7 +186,7 @@ def test_absurd_vector_length_is_refused():
     build = _Build()
     data = bytearray(build.finish([build.node("Identity", ["x"], ["y"])]))
     at = data.find(b"Identity") - 4  # the string's length word
-    data[at:at + 4] = struct.pack("<I", 0xFFFFFFF0)
+    data[at : at + 4] = struct.pack("<I", 0xFFFFFFF0)
     _refused(bytes(data), "outside the")
 
 
@@ -221,8 +238,9 @@ def test_damaged_text_is_refused():
 
 def _nested_if(build: _Build, depth: int):
     """An If node whose then-branch holds an If node ... `depth` levels deep."""
-    inner = build.table([(2, "off", build.offsets([build.node("Identity", ["x"], ["y"])])),
-                         (6, "off", build.strings(["y"]))])
+    inner = build.table(
+        [(2, "off", build.offsets([build.node("Identity", ["x"], ["y"])])), (6, "off", build.strings(["y"]))]
+    )
     for _ in range(depth):
         attribute = build.table([(0, "off", build.string("then_branch")), (2, "i32", 5), (7, "off", inner)])
         node = build.node("If", ["c"], ["y"], [attribute])
@@ -248,24 +266,44 @@ def test_attribute_kinds_no_converter_writes_and_map_types_convert():
         b.PrependFloat32(value)
     floats = b.EndVector()
     floats_attribute = build.table([(0, "off", build.string("fs")), (2, "i32", 6), (8, "off", floats)])
-    text = build.table([(0, "off", build.string("s")), (2, "off", build.int64s([2])), (3, "i32", 8),
-                        (5, "off", build.strings(["a", "bc"]))])
+    text = build.table(
+        [
+            (0, "off", build.string("s")),
+            (2, "off", build.int64s([2])),
+            (3, "i32", 8),
+            (5, "off", build.strings(["a", "bc"])),
+        ]
+    )
     number = build.tensor("n", [1], np.array([7.0], np.float32).tobytes())
-    tensors_attribute = build.table([(0, "off", build.string("ts")), (2, "i32", 9), (11, "off", build.offsets([text, number]))])
-    branch = build.table([(2, "off", build.offsets([build.node("Identity", ["x"], ["z"])])), (6, "off", build.strings(["z"]))])
-    graphs_attribute = build.table([(0, "off", build.string("gs")), (2, "i32", 10), (12, "off", build.offsets([branch, branch]))])
+    tensors_attribute = build.table(
+        [(0, "off", build.string("ts")), (2, "i32", 9), (11, "off", build.offsets([text, number]))]
+    )
+    branch = build.table(
+        [(2, "off", build.offsets([build.node("Identity", ["x"], ["z"])])), (6, "off", build.strings(["z"]))]
+    )
+    graphs_attribute = build.table(
+        [(0, "off", build.string("gs")), (2, "i32", 10), (12, "off", build.offsets([branch, branch]))]
+    )
     node = build.node("Custom", ["x"], ["y"], [floats_attribute, tensors_attribute, graphs_attribute])
     # y: map(int64 -> sequence(tensor(float)[N, 3]))
-    dims = [build.table([(0, "off", build.table([(0, "u8", 2), (2, "off", build.string("N"))]))]),
-            build.table([(0, "off", build.table([(0, "u8", 1), (1, "i64", 3)]))])]
+    dims = [
+        build.table([(0, "off", build.table([(0, "u8", 2), (2, "off", build.string("N"))]))]),
+        build.table([(0, "off", build.table([(0, "u8", 1), (1, "i64", 3)]))]),
+    ]
     shape = build.table([(0, "off", build.offsets(dims))])
     tensor_type = build.table([(0, "i32", 1), (1, "off", shape)])
     tensor_info = build.table([(1, "u8", 1), (2, "off", tensor_type)])
     sequence_info = build.table([(1, "u8", 2), (2, "off", build.table([(0, "off", tensor_info)]))])
     map_info = build.table([(1, "u8", 3), (2, "off", build.table([(0, "i32", 7), (1, "off", sequence_info)]))])
     value = build.table([(0, "off", build.string("y")), (2, "off", map_info)])
-    graph = build.table([(1, "off", build.offsets([value])), (2, "off", build.offsets([node])),
-                         (5, "off", build.strings(["x"])), (6, "off", build.strings(["y"]))])
+    graph = build.table(
+        [
+            (1, "off", build.offsets([value])),
+            (2, "off", build.offsets([node])),
+            (5, "off", build.strings(["x"])),
+            (6, "off", build.strings(["y"])),
+        ]
+    )
     opset = build.table([(0, "off", build.string("")), (1, "i64", 17)])
     model = build.table([(0, "i64", 8), (1, "off", build.offsets([opset])), (7, "off", graph)])
     b.Finish(build.table([(0, "off", build.string("6")), (1, "off", model)]), file_identifier=b"ORTM")

@@ -4,6 +4,7 @@ against onnx's reference implementation and onnxruntime's InferenceSession when 
 The pads stay within what every implementation accepts: a reflect pad must be shorter than
 its axis (at most size - 1); numpy (onnx's reference) reflects longer pads again, older ORT
 gave another result, and ORT 1.30+ refuses the model.  Over-long pads are not the subject."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,9 +25,13 @@ def _pad_model(dtype: np.dtype, mode: str, value) -> onnx.ModelProto:
     initializers = [onnx.numpy_helper.from_array(np.array([1, 0, 2, 1], dtype=np.int64), "pads")]
     if value is not None:
         initializers.append(onnx.numpy_helper.from_array(np.array(value, dtype=dtype), "value"))
-    graph = helper.make_graph([helper.make_node("Pad", inputs, ["y"], mode=mode)], "g",
-                              [helper.make_tensor_value_info("x", elem, list(SHAPE))],
-                              [helper.make_tensor_value_info("y", elem, None)], initializers)
+    graph = helper.make_graph(
+        [helper.make_node("Pad", inputs, ["y"], mode=mode)],
+        "g",
+        [helper.make_tensor_value_info("x", elem, list(SHAPE))],
+        [helper.make_tensor_value_info("y", elem, None)],
+        initializers,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     return model

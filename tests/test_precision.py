@@ -5,6 +5,7 @@ pretending its device is CUDA where the precision is chosen.
 Checked: inside a train, eval and optimizer step of a CUDA engine TF32 is off (on when opted
 in through the session config entry or the CUDA provider option), the caller's settings are
 back afterwards, also after a failing step, and CPU engines never touch the flags."""
+
 from __future__ import annotations
 
 import warnings
@@ -34,8 +35,11 @@ def _read(getter):
 
 def settings() -> tuple:
     """Everything a user can read about float32 precision on CUDA (legacy and new API)."""
-    legacy = (_read(lambda: torch.backends.cuda.matmul.allow_tf32), _read(torch.get_float32_matmul_precision),
-              _read(lambda: torch.backends.cudnn.allow_tf32))
+    legacy = (
+        _read(lambda: torch.backends.cuda.matmul.allow_tf32),
+        _read(torch.get_float32_matmul_precision),
+        _read(lambda: torch.backends.cudnn.allow_tf32),
+    )
     if not NEW_API:
         return legacy
     nodes = LEAVES + [("cuda", "all"), ("generic", "all")]
@@ -74,14 +78,18 @@ USER_SETTINGS = {  # what a user may have set before calling us
     "matmul precision medium": lambda: torch.set_float32_matmul_precision("medium"),
 }
 if NEW_API:
-    USER_SETTINGS.update({
-        "new: everything tf32": lambda: setattr(b, "fp32_precision", "tf32"),
-        "new: cuda ieee": lambda: setattr(b.cudnn, "fp32_precision", "ieee"),
-        "new: matmul tf32": lambda: setattr(b.cuda.matmul, "fp32_precision", "tf32"),
-        "new: conv ieee, rnn tf32": lambda: setattr(b.cudnn.conv, "fp32_precision", "ieee"),
-        "new: tf32 but conv ieee": lambda: (setattr(b, "fp32_precision", "tf32"),
-                                            setattr(b.cudnn.conv, "fp32_precision", "ieee")),
-    })
+    USER_SETTINGS.update(
+        {
+            "new: everything tf32": lambda: setattr(b, "fp32_precision", "tf32"),
+            "new: cuda ieee": lambda: setattr(b.cudnn, "fp32_precision", "ieee"),
+            "new: matmul tf32": lambda: setattr(b.cuda.matmul, "fp32_precision", "tf32"),
+            "new: conv ieee, rnn tf32": lambda: setattr(b.cudnn.conv, "fp32_precision", "ieee"),
+            "new: tf32 but conv ieee": lambda: (
+                setattr(b, "fp32_precision", "tf32"),
+                setattr(b.cudnn.conv, "fp32_precision", "ieee"),
+            ),
+        }
+    )
 
 
 @pytest.mark.parametrize("tf32", [False, True], ids=["float32", "tf32"])
@@ -139,8 +147,9 @@ def test_tf32_requested_reads_onnxruntimes_session_options():
 def as_cuda(monkeypatch):
     """Engines created now take the CUDA path of precision selection, on the CPU."""
     real = precision.precision_of
-    monkeypatch.setattr(training_engine, "precision_of",
-                        lambda device, *args, **kwargs: real(torch.device("cuda"), *args, **kwargs))
+    monkeypatch.setattr(
+        training_engine, "precision_of", lambda device, *args, **kwargs: real(torch.device("cuda"), *args, **kwargs)
+    )
 
 
 def _module(config: dict):
@@ -159,9 +168,13 @@ def _observe(module, monkeypatch) -> list:
     seen = []
     engine = module._engine
     train_graph, eval_graph, adamw = engine.train_runner.eager, engine._eval_direct, optimizer_engine.adamw_step
-    monkeypatch.setattr(engine.train_runner, "eager", lambda *t: seen.append(("train", tf32_in_effect())) or train_graph(*t))
+    monkeypatch.setattr(
+        engine.train_runner, "eager", lambda *t: seen.append(("train", tf32_in_effect())) or train_graph(*t)
+    )
     monkeypatch.setattr(engine, "_eval_direct", lambda *t: seen.append(("eval", tf32_in_effect())) or eval_graph(*t))
-    monkeypatch.setattr(optimizer_engine, "adamw_step", lambda *a, **k: seen.append(("optimizer", tf32_in_effect())) or adamw(*a, **k))
+    monkeypatch.setattr(
+        optimizer_engine, "adamw_step", lambda *a, **k: seen.append(("optimizer", tf32_in_effect())) or adamw(*a, **k)
+    )
     return seen
 
 
@@ -173,8 +186,11 @@ def _steps(module, optimizer, feeds) -> None:
     module(*feeds)
 
 
-@pytest.mark.parametrize("config, tf32", [({}, False), ({CONFIG_KEY: "0"}, False), ({CONFIG_KEY: "1"}, True)],
-                         ids=["default", "config 0", "config 1"])
+@pytest.mark.parametrize(
+    "config, tf32",
+    [({}, False), ({CONFIG_KEY: "0"}, False), ({CONFIG_KEY: "1"}, True)],
+    ids=["default", "config 0", "config 1"],
+)
 def test_cuda_engine_steps_switch_tf32_and_restore(as_cuda, monkeypatch, config, tf32):
     module, optimizer, feeds = _module(config)
     assert module._engine.tf32 is tf32
@@ -237,9 +253,16 @@ def model_bytes() -> bytes:
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(_LinearMSE(), (torch.randn(5, 4), torch.randn(5, 3)), buffer, dynamo=False,
-                          opset_version=17, input_names=["x", "y"], output_names=["loss", "pred"],
-                          dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}, "pred": {0: "batch"}})
+        torch.onnx.export(
+            _LinearMSE(),
+            (torch.randn(5, 4), torch.randn(5, 3)),
+            buffer,
+            dynamo=False,
+            opset_version=17,
+            input_names=["x", "y"],
+            output_names=["loss", "pred"],
+            dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}, "pred": {0: "batch"}},
+        )
     return buffer.getvalue()
 
 
@@ -250,11 +273,16 @@ def _legacy_session(monkeypatch, model, provider_options, sess_options=None):
     from ort_torch_compat.legacy.session_info import CPU
 
     def resolve(providers, options):
-        return ["CUDAExecutionProvider", CPU], [{k: str(v) for k, v in provider_options.items()}, {}], torch.device("cpu")
+        return (
+            ["CUDAExecutionProvider", CPU],
+            [{k: str(v) for k, v in provider_options.items()}, {}],
+            torch.device("cpu"),
+        )
 
     monkeypatch.setattr(legacy_session, "resolve_providers", resolve)
-    return legacy_session.TrainingSession(model, make_params("AdamOptimizer"), sess_options,
-                                          providers=[("CUDAExecutionProvider", provider_options)])
+    return legacy_session.TrainingSession(
+        model, make_params("AdamOptimizer"), sess_options, providers=[("CUDAExecutionProvider", provider_options)]
+    )
 
 
 def _config(value):
@@ -263,26 +291,32 @@ def _config(value):
     return options
 
 
-@pytest.mark.parametrize("provider_options, sess_options, tf32", [
-    ({"device_id": 0}, None, False),
-    ({"use_tf32": 0}, None, False),
-    ({"use_tf32": 1}, None, True),
-    ({}, "1", True),
-    ({"use_tf32": "0"}, "1", False),  # the provider's own option wins
-], ids=["default", "use_tf32 0", "use_tf32 1", "config 1", "provider option wins"])
+@pytest.mark.parametrize(
+    "provider_options, sess_options, tf32",
+    [
+        ({"device_id": 0}, None, False),
+        ({"use_tf32": 0}, None, False),
+        ({"use_tf32": 1}, None, True),
+        ({}, "1", True),
+        ({"use_tf32": "0"}, "1", False),  # the provider's own option wins
+    ],
+    ids=["default", "use_tf32 0", "use_tf32 1", "config 1", "provider option wins"],
+)
 def test_legacy_cuda_provider_option_use_tf32(as_cuda, monkeypatch, model_bytes, provider_options, sess_options, tf32):
-    session = _legacy_session(monkeypatch, model_bytes, provider_options,
-                              None if sess_options is None else _config(sess_options))
+    session = _legacy_session(
+        monkeypatch, model_bytes, provider_options, None if sess_options is None else _config(sess_options)
+    )
     assert session._engine.tf32 is tf32
     seen = []
     train_graph = session._engine.train_runner.eager
-    monkeypatch.setattr(session._engine.train_runner, "eager",
-                        lambda *t: seen.append(("train", tf32_in_effect())) or train_graph(*t))
+    monkeypatch.setattr(
+        session._engine.train_runner, "eager", lambda *t: seen.append(("train", tf32_in_effect())) or train_graph(*t)
+    )
     session._optimizer.register_step_pre_hook(lambda *args: seen.append(("optimizer", tf32_in_effect())))
     torch.backends.cuda.matmul.allow_tf32 = not tf32
     torch.backends.cudnn.allow_tf32 = not tf32
     before = settings()
-    (x, y), = batches(1, seed=3)
+    ((x, y),) = batches(1, seed=3)
     session.run(["loss"], feed(x, y, 0.1))
     assert [step for step, _ in seen] == ["train", "optimizer"]
     assert all(flags == (tf32,) * 3 for _, flags in seen), seen
@@ -293,10 +327,11 @@ def test_legacy_cpu_session_never_touches_the_flags(monkeypatch, model_bytes):
     from ort_torch_compat.legacy import TrainingSession
 
     monkeypatch.setattr(precision, "tf32_scope", lambda tf32: pytest.fail("a CPU session switched TF32"))
-    session = TrainingSession(model_bytes, make_params("AdamOptimizer"), _config("1"),
-                              providers=[("CPUExecutionProvider", {"use_tf32": 1})])
+    session = TrainingSession(
+        model_bytes, make_params("AdamOptimizer"), _config("1"), providers=[("CPUExecutionProvider", {"use_tf32": 1})]
+    )
     assert session._engine.tf32 is None
     before = settings()
-    (x, y), = batches(1, seed=4)
+    ((x, y),) = batches(1, seed=4)
     session.run(["loss"], feed(x, y, 0.1))
     assert settings() == before

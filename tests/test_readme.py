@@ -11,6 +11,7 @@ test's temporary directories, never the user's.  A command that cannot run here 
 SKIPPED with the reason, and is checked as far as it can be without running it; nothing else is
 skipped.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -34,53 +35,44 @@ NOT_RUN = ("text",)  # program output, diagrams, or a call shown for reference (
 TIMEOUT_S = 300
 NEEDS_GPU = "needs a CUDA GPU (tests/test_cuda.py and tests/test_ddp.py run the CUDA paths where one exists)"
 NEEDS_8_GPUS = "needs 8 CUDA GPUs (tests/test_ddp.py runs the same example with torchrun on 2 CPU processes)"
-CLONE_INSTALL = ("creates a virtual environment and downloads torch and its dependencies (minutes, GBs); "
-                 "test_install_commands_name_what_pyproject_declares checks the extras it names")
+CLONE_INSTALL = (
+    "creates a virtual environment and downloads torch and its dependencies (minutes, GBs); "
+    "test_install_commands_name_what_pyproject_declares checks the extras it names"
+)
 
 # Shell commands (as written, comment removed) that cannot run in a test, and why.
 SKIPPED: Dict[str, str] = {
     'python3 -m venv .venv && .venv/bin/pip install -e ".[test]"': CLONE_INSTALL,
-    'python3 -m venv .venv && .venv/bin/pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu '
+    "python3 -m venv .venv && .venv/bin/pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu "
     '&& .venv/bin/pip install -e ".[test]"': "downloads torch from PyTorch's index; " + CLONE_INSTALL,
-    'python3 -m venv .venv && .venv/bin/pip install -e ".[test,ort]"':
-        "downloads onnxruntime-training 1.19.2 too; CI (.ci/run) runs this install",
+    'python3 -m venv .venv && .venv/bin/pip install -e ".[test,ort]"': "downloads onnxruntime-training 1.19.2 too; CI (.ci/run) runs this install",
     ".venv/bin/python -m pytest -q": "it is this test suite",
     'python3 -m venv .venv-docs && .venv-docs/bin/pip install mkdocs-material "mkdocstrings[python]" '
-    '&& .venv-docs/bin/mkdocs serve': "downloads MkDocs and serves until interrupted; CI (.ci/run) installs the same "
-                                      "packages and runs `mkdocs build --strict`",
+    "&& .venv-docs/bin/mkdocs serve": "downloads MkDocs and serves until interrupted; CI (.ci/run) installs the same "
+    "packages and runs `mkdocs build --strict`",
     'git clone "$REPO_URL" ort_torch_compat': "needs the repository's URL and the network",
-    '.venv/bin/pip wheel . -w dist --no-deps':
-        "needs the source tree (the test's directory holds only examples/) and builds in an isolated environment "
-        "that installs setuptools; test_install_commands_name_what_pyproject_declares checks the wheel's name "
-        "against pyproject.toml",
-    'python3 -m venv app-venv && app-venv/bin/pip install dist/ort_torch_compat-0.1.0-py3-none-any.whl':
-        "needs the wheel of the line above and downloads torch",
-    'python3 -m venv .venv && .venv/bin/pip install "ort_torch_compat @ git+$REPO_URL"':
-        "needs the repository's URL and the network",
-    'python3 -m venv .venv && .venv/bin/pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu '
+    ".venv/bin/pip wheel . -w dist --no-deps": "needs the source tree (the test's directory holds only examples/) and builds in an isolated environment "
+    "that installs setuptools; test_install_commands_name_what_pyproject_declares checks the wheel's name "
+    "against pyproject.toml",
+    "python3 -m venv app-venv && app-venv/bin/pip install dist/ort_torch_compat-0.1.0-py3-none-any.whl": "needs the wheel of the line above and downloads torch",
+    'python3 -m venv .venv && .venv/bin/pip install "ort_torch_compat @ git+$REPO_URL"': "needs the repository's URL and the network",
+    "python3 -m venv .venv && .venv/bin/pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu "
     '&& .venv/bin/pip install "ort_torch_compat @ git+$REPO_URL"': "needs the repository's URL and the network",
-    "python3 -m venv .venv-gen && .venv-gen/bin/pip install onnx numpy flatbuffers && .venv-gen/bin/pip install --no-deps .":
-        "downloads onnx, numpy and flatbuffers; CI (.ci/run) runs the same commands on Python 3.13 and trains "
-        "the artifacts they make with onnxruntime-training",
-    ".venv-gen/bin/python scripts/generate_fixture_artifacts.py gen_out --fixtures tests/fixtures/artifacts":
-        "needs the environment of the line above; CI (.ci/run) runs it",
+    "python3 -m venv .venv-gen && .venv-gen/bin/pip install onnx numpy flatbuffers && .venv-gen/bin/pip install --no-deps .": "downloads onnx, numpy and flatbuffers; CI (.ci/run) runs the same commands on Python 3.13 and trains "
+    "the artifacts they make with onnxruntime-training",
+    ".venv-gen/bin/python scripts/generate_fixture_artifacts.py gen_out --fixtures tests/fixtures/artifacts": "needs the environment of the line above; CI (.ci/run) runs it",
     '.venv/bin/pip install -e ".[federated]"': "downloads Flower; CI (.ci/run) installs the same extra",
-    ".venv/bin/python examples/federated_flower.py --clients 3 --rounds 3 --out fl_run":
-        "needs the federated extra (Flower, Python >= 3.11); tests/test_federated.py runs this example and checks "
-        "every file it writes",
+    ".venv/bin/python examples/federated_flower.py --clients 3 --rounds 3 --out fl_run": "needs the federated extra (Flower, Python >= 3.11); tests/test_federated.py runs this example and checks "
+    "every file it writes",
     ".venv/bin/pip install onnxscript": "downloads onnxscript (the examples here use dynamo=False instead)",
     ".venv/bin/torchrun --nproc_per_node 8 examples/ddp_train.py --device cuda --out ddp_run": NEEDS_8_GPUS,
     ".venv/bin/python -m pytest -q tests/test_cuda.py": NEEDS_GPU + "; the full suite above includes it",
-    ".venv/bin/ort-torch-compat compile examples/artifacts/mlp_classifier --input features=8x2 --input labels=8":
-        "compiles for up to minutes with a C++ compiler; tests/test_background_compile.py runs the same command on a "
-        "fixture",
+    ".venv/bin/ort-torch-compat compile examples/artifacts/mlp_classifier --input features=8x2 --input labels=8": "compiles for up to minutes with a C++ compiler; tests/test_background_compile.py runs the same command on a "
+    "fixture",
     ".venv/bin/python scripts/benchmark.py --models lora vit bert lstm --size tiny --rounds 1 --fresh-seconds 120 "
-    "--backends ort ours --json tiny.json":
-        "runs for about 20 minutes with onnxruntime-training (the benchmark is the instrument, never a test)",
-    ".venv/bin/python scripts/benchmark.py --background 0 2 --json bench.json":
-        "runs for hours with onnxruntime-training (the benchmark is the instrument, never a test)",
-    ".venv/bin/python scripts/measure_readme_figures.py --write --skip-quick --benchmark-json bench.json":
-        "rewrites README and docs/performance.md from the report of the benchmark above",
+    "--backends ort ours --json tiny.json": "runs for about 20 minutes with onnxruntime-training (the benchmark is the instrument, never a test)",
+    ".venv/bin/python scripts/benchmark.py --background 0 2 --json bench.json": "runs for hours with onnxruntime-training (the benchmark is the instrument, never a test)",
+    ".venv/bin/python scripts/measure_readme_figures.py --write --skip-quick --benchmark-json bench.json": "rewrites README and docs/performance.md from the report of the benchmark above",
 }
 
 
@@ -99,8 +91,10 @@ class Block(NamedTuple):
 def page_blocks(page: pathlib.Path) -> List[Block]:
     text = page.read_text()
     name = page.relative_to(ROOT).as_posix()
-    return [Block(name, i, m["language"], m["body"], text.count("\n", 0, m.start()) + 1)
-            for i, m in enumerate(FENCE.finditer(text))]
+    return [
+        Block(name, i, m["language"], m["body"], text.count("\n", 0, m.start()) + 1)
+        for i, m in enumerate(FENCE.finditer(text))
+    ]
 
 
 def readme_blocks() -> List[Block]:
@@ -137,14 +131,22 @@ def _run_page(page: str, work: pathlib.Path, cache: pathlib.Path) -> Dict[int, L
     bin_dir = work / ".shims"
     python = f'"{sys.executable}"'
     for name in ("python", "python3", "pip", "ort-torch-compat", "torchrun"):
-        _shim(bin_dir / name, f"sh -c 'echo \"{name}: not on PATH (no virtual environment is activated): "
-                              f"use .venv/bin/{name}\" >&2; exit 127'")
+        _shim(
+            bin_dir / name,
+            f"sh -c 'echo \"{name}: not on PATH (no virtual environment is activated): "
+            f"use .venv/bin/{name}\" >&2; exit 127'",
+        )
     _shim(work / ".venv" / "bin" / "python", python)
     _shim(work / ".venv" / "bin" / "ort-torch-compat", f"{python} -m ort_torch_compat")
     _shim(work / ".venv" / "bin" / "torchrun", f"{python} -m torch.distributed.run")
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", TMPDIR=str(work), OMP_NUM_THREADS="1",
-               ORT_TORCH_COMPAT_CACHE_DIR=str(cache),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        TMPDIR=str(work),
+        OMP_NUM_THREADS="1",
+        ORT_TORCH_COMPAT_CACHE_DIR=str(cache),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
     results: Dict[int, List[tuple]] = {}
     for block in (b for b in BLOCKS if b.page == page):
         runs = []
@@ -152,8 +154,9 @@ def _run_page(page: str, work: pathlib.Path, cache: pathlib.Path) -> Dict[int, L
         if block.language == "python":
             script = work / f"block_{block.index}.py"
             script.write_text(block.code)
-            done = subprocess.run([sys.executable, script.name], cwd=work, env=env, capture_output=True, text=True,
-                                  timeout=TIMEOUT_S)
+            done = subprocess.run(
+                [sys.executable, script.name], cwd=work, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+            )
             runs.append(("python block", done.returncode, done.stdout + done.stderr, time.perf_counter() - start))
         else:
             for command in shell_commands(block.code):
@@ -161,8 +164,9 @@ def _run_page(page: str, work: pathlib.Path, cache: pathlib.Path) -> Dict[int, L
                     runs.append((command, None, SKIPPED[command], 0.0))
                     continue
                 start = time.perf_counter()
-                done = subprocess.run(["bash", "-e", "-c", command], cwd=work, env=env, capture_output=True,
-                                      text=True, timeout=TIMEOUT_S)
+                done = subprocess.run(
+                    ["bash", "-e", "-c", command], cwd=work, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+                )
                 runs.append((command, done.returncode, done.stdout + done.stderr, time.perf_counter() - start))
         results[block.index] = runs
     return results
@@ -192,8 +196,10 @@ def test_block_runs(block: Block, page_run):
 
 def test_every_block_is_run_or_declared_output():
     for block in all_blocks():
-        assert block.language in RUN + NOT_RUN, f"{block.page} line {block.line}: block of unknown language " \
-                                                f"{block.language!r} (give every fence a language)"
+        assert block.language in RUN + NOT_RUN, (
+            f"{block.page} line {block.line}: block of unknown language "
+            f"{block.language!r} (give every fence a language)"
+        )
 
 
 def test_every_skip_is_still_in_the_docs():
@@ -222,7 +228,7 @@ def test_install_commands_name_what_pyproject_declares():
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     text = "\n".join(page.read_text() for page in PAGES)
-    for extras in re.findall(r'\.\[([a-z,]+)\]', text):
+    for extras in re.findall(r"\.\[([a-z,]+)\]", text):
         assert set(extras.split(",")) <= set(project["optional-dependencies"]), extras
     for version in re.findall(r"ort_torch_compat-([0-9.]+)-py3-none-any\.whl", text):
         assert version == project["version"]
@@ -231,7 +237,9 @@ def test_install_commands_name_what_pyproject_declares():
 
 
 def test_every_figure_is_one_the_measuring_script_makes():
-    spec = importlib.util.spec_from_file_location("measure_readme_figures", ROOT / "scripts" / "measure_readme_figures.py")
+    spec = importlib.util.spec_from_file_location(
+        "measure_readme_figures", ROOT / "scripts" / "measure_readme_figures.py"
+    )
     measure = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(measure)
     figures = {}
@@ -242,7 +250,9 @@ def test_every_figure_is_one_the_measuring_script_makes():
         assert text.count("<!-- fig:") == text.count("<!-- /fig -->") == len(found)
         figures.update(found)
     assert set(figures) == set(measure.KNOWN)
-    assert measure.about(4.6) == "about 5 s" and measure.about(42) == "about 40 s" and measure.about(150) == "about 2 min"
+    assert (
+        measure.about(4.6) == "about 5 s" and measure.about(42) == "about 40 s" and measure.about(150) == "about 2 min"
+    )
 
 
 def test_round_trip_claims(tmp_path):
@@ -252,8 +262,9 @@ def test_round_trip_claims(tmp_path):
 
     artifact = ROOT / "examples" / "artifacts" / "mlp_classifier" / "checkpoint"
     state_written = tmp_path / "state_written"
-    CheckpointState.save_checkpoint(CheckpointState.load_checkpoint(artifact), state_written,
-                                    include_optimizer_state=True)
+    CheckpointState.save_checkpoint(
+        CheckpointState.load_checkpoint(artifact), state_written, include_optimizer_state=True
+    )
     for source, identical in ((artifact, False), (state_written, True)):
         tensors, back = tmp_path / f"{source.name}.safetensors", tmp_path / f"{source.name}.back"
         assert main(["to-torch", str(source), str(tensors), "--optimizer"]) == 0

@@ -4,6 +4,7 @@ node at a time against onnx's reference implementation (ai.onnx ops) or the sche
 (ORT's own schemas), and against onnxruntime's InferenceSession when it is installed.
 The whole models are tested in tests/test_real_architectures.py.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,11 +23,19 @@ def _single_node(op: str, inputs, attrs, opset: int, fed=(), outputs=1, domain: 
     """A one-node model; `inputs` maps name -> array (initializer unless in `fed`)."""
     names = list(inputs)
     node = helper.make_node(op, names, [f"y{i}" for i in range(outputs)], domain=domain, **attrs)
-    graph_inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(inputs[n].dtype), inputs[n].shape)
-                    for n in names if n in fed]
+    graph_inputs = [
+        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(inputs[n].dtype), inputs[n].shape)
+        for n in names
+        if n in fed
+    ]
     initializers = [onnx.numpy_helper.from_array(inputs[n], n) for n in names if n not in fed]
-    graph = helper.make_graph([node], "g", graph_inputs, [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None)
-                                                         for i in range(outputs)], initializers)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        graph_inputs,
+        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in range(outputs)],
+        initializers,
+    )
     opsets = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(domain, 1)] if domain else [])
     return helper.make_model(graph, opset_imports=opsets)
 
@@ -69,10 +78,10 @@ def _layer_norm_reference(x, scale, bias, axis, epsilon, simplified=False):
     dims = tuple(range(axis % x.ndim, x.ndim))
     x64 = x.astype(np.float64)
     if simplified:
-        y = x64 / np.sqrt(np.mean(x64 ** 2, axis=dims, keepdims=True) + epsilon)
+        y = x64 / np.sqrt(np.mean(x64**2, axis=dims, keepdims=True) + epsilon)
     else:
         centered = x64 - x64.mean(axis=dims, keepdims=True)
-        y = centered / np.sqrt(np.mean(centered ** 2, axis=dims, keepdims=True) + epsilon)
+        y = centered / np.sqrt(np.mean(centered**2, axis=dims, keepdims=True) + epsilon)
     y = y * scale
     return y if bias is None else y + bias
 
@@ -82,7 +91,7 @@ def _layer_norm_reference(x, scale, bias, axis, epsilon, simplified=False):
 def test_layer_norm_in_the_onnx_domain_below_opset_17(axis, with_bias):
     """ORT's own LayerNormalization schema (ai.onnx, since 1) that generate_artifacts writes at opset 14."""
     x = (RNG.standard_normal((2, 3, 4)) * 3 + 1).astype(np.float32)
-    shape = x.shape[axis % 3:]
+    shape = x.shape[axis % 3 :]
     inputs = {"x": x, "scale": RNG.standard_normal(shape).astype(np.float32)}
     if with_bias:
         inputs["bias"] = RNG.standard_normal(shape).astype(np.float32)
@@ -97,10 +106,12 @@ def test_layer_norm_in_the_onnx_domain_below_opset_17(axis, with_bias):
 def test_simplified_layer_norm(axis):
     """ORT's RMSNorm rewrite (T5, Llama): x / sqrt(mean(x^2) + eps) * scale."""
     x = (RNG.standard_normal((2, 3, 4)) + 0.5).astype(np.float32)
-    inputs = {"x": x, "scale": RNG.standard_normal(x.shape[axis % 3:]).astype(np.float32)}
+    inputs = {"x": x, "scale": RNG.standard_normal(x.shape[axis % 3 :]).astype(np.float32)}
     model = _single_node("SimplifiedLayerNormalization", inputs, {"axis": axis, "epsilon": 1e-6}, 14, fed=list(inputs))
     ours, *_ = _ours(model, inputs, list(inputs))
-    np.testing.assert_allclose(ours, _layer_norm_reference(x, inputs["scale"], None, axis, 1e-6, True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        ours, _layer_norm_reference(x, inputs["scale"], None, axis, 1e-6, True), rtol=1e-5, atol=1e-6
+    )
     np.testing.assert_allclose(ours, _ort(model, inputs, list(inputs)), rtol=1e-5, atol=1e-6)
 
 

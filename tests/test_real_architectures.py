@@ -25,6 +25,7 @@ The rule (implemented in ort_torch_compat/testing/parity_rule.py, which has the 
   be within 4x of the worst of the anchor's and two half-ulp-perturbed float64 replays'.
 - Names, sizes, shapes and frozen-gradient flags: exact.
 """
+
 from __future__ import annotations
 
 import functools
@@ -114,8 +115,12 @@ def test_real_architecture_matches_its_anchor(case, artifacts):
     assert verdict["parity"] == "pass", "\n".join(verdict["problems"][:20])
 
 
-LIVE_CASES = [c for c in CASES if json.loads((REAL_ARCH / c / "spec.json").read_text())["anchor"] == "ort"
-              and json.loads((REAL_ARCH / c / "spec.json").read_text())["family"] != "cnn"]
+LIVE_CASES = [
+    c
+    for c in CASES
+    if json.loads((REAL_ARCH / c / "spec.json").read_text())["anchor"] == "ort"
+    and json.loads((REAL_ARCH / c / "spec.json").read_text())["family"] != "cnn"
+]
 
 
 @pytest.mark.parametrize("case", LIVE_CASES)
@@ -177,15 +182,21 @@ def test_to_float64_leaves_no_float32_behind(artifacts):
     model = to_float64(onnx.load(str(artifacts(_fast_case("llama_op17")) / "training_model.onnx")))
     float32 = onnx.TensorProto.FLOAT
     assert not [i.name for i in model.graph.initializer if i.data_type == float32]
-    assert not [v.name for v in list(model.graph.input) + list(model.graph.value_info)
-                if v.type.tensor_type.elem_type == float32]
+    assert not [
+        v.name
+        for v in list(model.graph.input) + list(model.graph.value_info)
+        if v.type.tensor_type.elem_type == float32
+    ]
     assert not [n.name for n in model.graph.node for a in n.attribute if a.name == "to" and a.i == float32]
 
 
 def test_fill_rule_is_fixed():
     """The committed references depend on these exact bits."""
-    spec = {"param_order": ["w", "b"], "param_shapes": {"w": [2, 3], "b": [2]},
-            "fill": {"seed": 7, "init": {"w": [0.0, 1.0], "b": [1.0, 0.1]}}}
+    spec = {
+        "param_order": ["w", "b"],
+        "param_shapes": {"w": [2, 3], "b": [2]},
+        "fill": {"seed": 7, "init": {"w": [0.0, 1.0], "b": [1.0, 0.1]}},
+    }
     values = fill_values(spec)
     assert values.dtype == np.float32 and values.shape == (8,)
     assert values.tobytes().hex() == "3eb475bf23231a3e3214a4bc795541bebc45f6be1a5173bf316d673fb9e57f3f"
@@ -247,6 +258,8 @@ def test_unsupported_operators_of_a_real_model_are_all_listed_at_module_creation
     state = ours.CheckpointState.load_checkpoint(directory / "nominal_checkpoint")
     with pytest.raises(UnsupportedOperatorError) as info:
         ours.Module(tmp_path / "training_model.onnx", state, directory / "eval_model.onnx")
-    assert {(d, op) for d, op, _ in info.value.missing} == {("", "SimplifiedLayerNormalization"),
-                                                           ("com.example", "FancySilu")}
+    assert {(d, op) for d, op, _ in info.value.missing} == {
+        ("", "SimplifiedLayerNormalization"),
+        ("com.example", "FancySilu"),
+    }
     assert "SimplifiedLayerNormalization" in str(info.value) and "FancySilu" in str(info.value)

@@ -1,5 +1,6 @@
 """The converter registry: duplicate registrations are refused, and an older converter serves
 a newer schema version only across type-list-only steps (graph/registry.py's rule)."""
+
 from __future__ import annotations
 
 import onnx
@@ -20,18 +21,21 @@ def test_duplicate_registration_is_refused(monkeypatch):
     registry.register("RegistryTestOp", 9)(first)  # another version is fine
 
 
-@pytest.mark.parametrize("op, version, expected", [
-    ("Relu", 14, True),        # re-declared for types only
-    ("Identity", 21, True),
-    ("Add", 14, True),         # documentation notes the new types: editorial
-    ("ReduceMean", 18, False),  # axes became an input
-    ("Split", 18, False),      # num_outputs attribute
-    ("Pad", 19, False),        # mode gained "wrap": an old converter would not know it
-    ("ScatterND", 18, False),  # reduction gained max/min
-    ("Max", 8, False),         # multidirectional broadcasting
-    ("Softmax", 13, False),    # axis default and meaning changed
-    ("Relu", 6, False),        # consumed_inputs removed
-])
+@pytest.mark.parametrize(
+    "op, version, expected",
+    [
+        ("Relu", 14, True),  # re-declared for types only
+        ("Identity", 21, True),
+        ("Add", 14, True),  # documentation notes the new types: editorial
+        ("ReduceMean", 18, False),  # axes became an input
+        ("Split", 18, False),  # num_outputs attribute
+        ("Pad", 19, False),  # mode gained "wrap": an old converter would not know it
+        ("ScatterND", 18, False),  # reduction gained max/min
+        ("Max", 8, False),  # multidirectional broadcasting
+        ("Softmax", 13, False),  # axis default and meaning changed
+        ("Relu", 6, False),  # consumed_inputs removed
+    ],
+)
 def test_type_list_only_steps(op, version, expected):
     assert registry.type_list_only(op, version) is expected
 

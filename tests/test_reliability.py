@@ -4,6 +4,7 @@ The scenarios are ort_torch_compat/testing/reliability_cases.py; ORT's results a
 tests/fixtures/reliability/ort_semantics.json by scripts/make_reliability_fixtures.py, and the
 cases that cannot crash ORT also run live against it when onnxruntime-training is importable.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,15 +64,20 @@ def test_duplicates_live(tmp_path, ort_api):
 def test_softmax_cross_entropy_ignores_what_ort_ignores():
     """No ignore_index: label -1 is ignored (ORT's kernel default), -100 is not (torch's
     default); a mean over no counted label is 0."""
-    np.testing.assert_allclose(flat(cases.sce_results(ours_sce)), flat(ORT["SoftmaxCrossEntropyLoss"]), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        flat(cases.sce_results(ours_sce)), flat(ORT["SoftmaxCrossEntropyLoss"]), rtol=1e-6, atol=1e-7
+    )
 
 
 def test_label_minus_100_without_ignore_index_is_not_ignored():
     model = cases.sce_model({"reduction": "mean"})
     scores = np.asarray(cases.SCE_SCORES, np.float32)
     # the graph layer raises IndexError; steps turn it into InvalidInputError naming 'labels' (test_edges)
-    with pytest.raises(IndexError, match=r"SoftmaxCrossEntropyLoss: a label is outside \[0, 3\) and is not "
-                                                r"the ignored label -1"):
+    with pytest.raises(
+        IndexError,
+        match=r"SoftmaxCrossEntropyLoss: a label is outside \[0, 3\) and is not "
+        r"the ignored label -1",
+    ):
         ours_sce(model, scores, np.array([0, -100, 2, 1]))
     ignoring = cases.sce_model({"reduction": "mean", "ignore_index": -100})
     assert ours_sce(ignoring, scores, np.array([0, -100, 2, 1])) == pytest.approx(ORT["SoftmaxCrossEntropyLoss"][5])
@@ -91,7 +97,9 @@ def test_cross_entropy_live(ort_api):
         session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         return session.run(None, {"x": scores, "y": labels})[0]
 
-    np.testing.assert_allclose(flat(cases.sce_results(ours_sce)), flat(cases.sce_results(ort_sce)), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        flat(cases.sce_results(ours_sce)), flat(cases.sce_results(ort_sce)), rtol=1e-6, atol=1e-7
+    )
     theirs, ours = cases.ce_training_step(ort_api), cases.ce_training_step(api)
     for name in theirs:
         assert ours[name]["loss"] == pytest.approx(theirs[name]["loss"], rel=1e-5, abs=1e-6)
@@ -137,9 +145,14 @@ def test_inputs_ort_crashes_on_or_misreads(name, train):
 
 def test_input_errors_name_the_inputs():
     assert "input 'features' has size 0 in dimension 'batch'" in cases.train_on(api, "0-row batch")["message"]
-    assert ("dimension 'batch' is 4 for input 'features' but 3 for input 'labels'"
-            in cases.train_on(api, "batch sizes 4 and 3")["message"])
-    assert "unexpected input data type for 'features'. Actual: tensor(string)" in cases.train_on(api, "object-array features")["message"]
+    assert (
+        "dimension 'batch' is 4 for input 'features' but 3 for input 'labels'"
+        in cases.train_on(api, "batch sizes 4 and 3")["message"]
+    )
+    assert (
+        "unexpected input data type for 'features'. Actual: tensor(string)"
+        in cases.train_on(api, "object-array features")["message"]
+    )
 
 
 # ---- ONNX external data of the artifacts -----------------------------------------------------
@@ -154,8 +167,14 @@ def _model_with_external_scale(directory, scale):
     model.graph.node.insert(0, helper.make_node("Mul", ["x", "scale"], ["x_scaled"], name="scale_input"))
     model.graph.initializer.append(numpy_helper.from_array(np.asarray(scale, np.float32), "scale"))
     directory.mkdir(parents=True, exist_ok=True)
-    onnx.save_model(model, str(directory / "training_model.onnx"), save_as_external_data=True,
-                    all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+    onnx.save_model(
+        model,
+        str(directory / "training_model.onnx"),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights.bin",
+        size_threshold=0,
+    )
     return directory / "training_model.onnx"
 
 
@@ -194,8 +213,11 @@ def test_external_data_is_read_next_to_the_model_not_the_working_directory(tmp_p
 def test_model_bytes_with_external_data_are_refused(tmp_path):
     model = _model_with_external_scale(tmp_path, np.ones(6))
     state = api.CheckpointState.load_checkpoint(cases.MLP_CE / "checkpoint")
-    with pytest.raises(ModelLoadError, match=r"training model <training model from buffer> keeps tensor\(s\) .* in "
-                                             r"external data file\(s\) \['weights.bin'\].*pass the model's path"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"training model <training model from buffer> keeps tensor\(s\) .* in "
+        r"external data file\(s\) \['weights.bin'\].*pass the model's path",
+    ):
         api.Module(model.read_bytes(), state)
 
 
@@ -203,7 +225,9 @@ def test_missing_external_data_names_the_tensor_and_folder(tmp_path):
     model = _model_with_external_scale(tmp_path, np.ones(6))
     os.remove(tmp_path / "weights.bin")
     state = api.CheckpointState.load_checkpoint(cases.MLP_CE / "checkpoint")
-    with pytest.raises(ModelLoadError, match=rf"cannot read the external data of tensor '.*' \(relative to {tmp_path}\)"):
+    with pytest.raises(
+        ModelLoadError, match=rf"cannot read the external data of tensor '.*' \(relative to {tmp_path}\)"
+    ):
         api.Module(model, state)
 
 
@@ -238,14 +262,20 @@ def test_external_data_shorter_or_longer_than_the_dims_is_refused(tmp_path):
         if tensor.name == "scale":
             next(e for e in tensor.external_data if e.key == "length").value = "4"
     onnx.save(proto, str(model))
-    with pytest.raises(ModelLoadError, match=r"tensor 'scale' declares 4 bytes of external data in 'weights.bin', "
-                                             r"but its dims \[6\] and type need 24"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"tensor 'scale' declares 4 bytes of external data in 'weights.bin', "
+        r"but its dims \[6\] and type need 24",
+    ):
         api.Module(model, state)
     _without_length(model)
     with open(tmp_path / "weights.bin", "r+b") as handle:
         handle.truncate(10)
-    with pytest.raises(ModelLoadError, match=r"tensor '.*' needs \d+ bytes of external data from offset \d+ of "
-                                             r"'weights.bin', which holds"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"tensor '.*' needs \d+ bytes of external data from offset \d+ of "
+        r"'weights.bin', which holds",
+    ):
         api.Module(model, state)
 
 
@@ -254,7 +284,7 @@ def test_a_name_that_is_not_text_is_named_as_damage(tmp_path):
     said at load, not a TypeError deep in the engine."""
     data = (cases.MLP_CE / "training_model.onnx").read_bytes()
     position = data.index(b"fc1.weight")
-    damaged = data[:position + 3] + b"\xf8" + data[position + 4:]
+    damaged = data[: position + 3] + b"\xf8" + data[position + 4 :]
     state = api.CheckpointState.load_checkpoint(cases.MLP_CE / "checkpoint")
     with pytest.raises(ModelLoadError, match=r"is not valid UTF-8 text \(a damaged file\)"):
         api.Module(damaged, state)
@@ -293,9 +323,15 @@ def test_a_large_graph_builds_in_linear_time():
             inputs = [previous, "w"] if op in ("Add", "Mul") else [previous]
             nodes.append(helper.make_node(op, inputs, [f"v{i}"], name=f"n{i}"))
             previous = f"v{i}"
-        graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3]),
-                                                   helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [3])],
-                                  [helper.make_tensor_value_info(previous, onnx.TensorProto.FLOAT, [2, 3])])
+        graph = helper.make_graph(
+            nodes,
+            "chain",
+            [
+                helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3]),
+                helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [3]),
+            ],
+            [helper.make_tensor_value_info(previous, onnx.TensorProto.FLOAT, [2, 3])],
+        )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         started = time.process_time()
         sub = forward_graph(model, [previous], ["x", "w"], "chain")

@@ -1,4 +1,5 @@
 """The zero-edit switch: onnxruntime.training.api -> ort_torch_compat.api."""
+
 from __future__ import annotations
 
 import importlib
@@ -67,8 +68,12 @@ def test_install_redirects_api_and_keeps_real_onnxruntime(isolated):
     from onnxruntime.training.api import CheckpointState, LinearLRScheduler, Module, Optimizer
     from onnxruntime.training.api.checkpoint_state import CheckpointState as FromSubmodule
 
-    assert (CheckpointState, Module, Optimizer, LinearLRScheduler) == (ours.CheckpointState, ours.Module,
-                                                                        ours.Optimizer, ours.LinearLRScheduler)
+    assert (CheckpointState, Module, Optimizer, LinearLRScheduler) == (
+        ours.CheckpointState,
+        ours.Module,
+        ours.Optimizer,
+        ours.LinearLRScheduler,
+    )
     assert FromSubmodule is ours.CheckpointState
     assert set(api.__all__) >= {"CheckpointState", "Module", "Optimizer", "LinearLRScheduler"}
     import onnxruntime
@@ -165,8 +170,11 @@ def test_run_gives_script_its_argv_main_and_exit_code(tmp_path, isolated):
     import json
 
     seen = json.loads(out.read_text())
-    assert seen == {"argv": [str(script), str(out), "5", "--flag"], "name": "__main__",
-                    "api": "ort_torch_compat.api.module"}
+    assert seen == {
+        "argv": [str(script), str(out), "5", "--flag"],
+        "name": "__main__",
+        "api": "ort_torch_compat.api.module",
+    }
     with pytest.raises(SystemExit) as exit_:
         _isolated_run(["run", str(script), str(out), "0"])
     assert exit_.value.code == 0
@@ -177,8 +185,12 @@ def test_run_usage_and_subprocess_exit_code(tmp_path):
     assert main(["run", str(tmp_path / "missing.py")]) == 1
     script = tmp_path / "exit.py"
     script.write_text("import sys\nprint('hello', sys.argv[1:])\nsys.exit(7)\n")
-    result = subprocess.run([sys.executable, "-m", "ort_torch_compat", "run", str(script), "a", "-b"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "ort_torch_compat", "run", str(script), "a", "-b"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 7 and "hello ['a', '-b']" in result.stdout
 
 
@@ -189,8 +201,9 @@ def _results(directory: pathlib.Path):
 def _compare(a, b):
     assert sorted(a) == sorted(b)
     for key in a:
-        np.testing.assert_allclose(a[key].astype(np.float64), b[key].astype(np.float64), rtol=1e-5, atol=1e-5,
-                                   err_msg=key)
+        np.testing.assert_allclose(
+            a[key].astype(np.float64), b[key].astype(np.float64), rtol=1e-5, atol=1e-5, err_msg=key
+        )
 
 
 def _environment_without_onnxruntime(tmp_path: pathlib.Path) -> pathlib.Path:
@@ -241,13 +254,29 @@ def test_ort_script_runs_unmodified_without_onnxruntime_training(tmp_path, isola
     # No onnxruntime installed at all, through the console entry point's module.
     mirror = _environment_without_onnxruntime(tmp_path)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(mirror), str(ROOT)]), OMP_NUM_THREADS="1")
-    probe = subprocess.run([sys.executable, "-S", "-c", "import onnxruntime"], env=env, capture_output=True,
-                           text=True, timeout=60)
+    probe = subprocess.run(
+        [sys.executable, "-S", "-c", "import onnxruntime"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert probe.returncode != 0 and "No module named 'onnxruntime'" in probe.stderr
     result = subprocess.run(
-        [sys.executable, "-S", "-m", "ort_torch_compat", "run", str(SCRIPT), "--out", str(tmp_path / "stub"),
-         "--exit-code", "3"],
-        env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        [
+            sys.executable,
+            "-S",
+            "-m",
+            "ort_torch_compat",
+            "run",
+            str(SCRIPT),
+            "--out",
+            str(tmp_path / "stub"),
+            "--exit-code",
+            "3",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert result.returncode == 3, result.stderr[-3000:]
     assert "eval loss" in result.stdout
     runs["stub"] = _results(tmp_path / "stub")

@@ -4,6 +4,7 @@ one consistent step, its parameters and moments those of the step count it recor
 The threading contract (docs/design.md, "Threading"): the engine holds the state's lock for
 each call that changes the state and the save holds it while it copies the state.
 """
+
 from __future__ import annotations
 
 import sys
@@ -23,9 +24,15 @@ CNN = FIXTURES / "cnn_ce_adamw_op17"  # BatchNorm: running stats change in the f
 def snapshot(state):
     params = {name: p.data.copy() for name, p in state.parameters}
     optimizer = state._state.optimizer
-    moments = {} if optimizer is None else {
-        (name, key): value.detach().cpu().numpy().copy() for name, kinds in optimizer.moments.items()
-        for key, value in kinds.items()}
+    moments = (
+        {}
+        if optimizer is None
+        else {
+            (name, key): value.detach().cpu().numpy().copy()
+            for name, kinds in optimizer.moments.items()
+            for key, value in kinds.items()
+        }
+    )
     return params, moments
 
 

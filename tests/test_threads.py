@@ -1,6 +1,7 @@
 """The per-engine thread policy (engine/threads.py): the caller's torch thread count is never
 changed behind its back, an explicit count is honoured, and the measured choice follows
 the step times."""
+
 from __future__ import annotations
 
 import time
@@ -38,7 +39,9 @@ def test_an_explicit_count_applies_inside_and_the_callers_count_after(two_thread
     module, optimizer, feeds = _module(intra_op_num_threads=1)
     seen = []
     graph = module._engine.train_runner.eager  # what the eager train step calls (engine/graph_module.direct_calls)
-    monkeypatch.setattr(module._engine.train_runner, "eager", lambda *t: seen.append(torch.get_num_threads()) or graph(*t))
+    monkeypatch.setattr(
+        module._engine.train_runner, "eager", lambda *t: seen.append(torch.get_num_threads()) or graph(*t)
+    )
     module(*feeds)
     optimizer.step()
     module.eval()

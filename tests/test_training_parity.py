@@ -13,6 +13,7 @@ check that the parameter moved by no more than AdamW's step bound, 5*lr per step
 ORT's gradient is exactly 0 (at every step) there is no noise to excuse: our gradient must be
 exactly 0 too and the parameter compares like any other.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -53,7 +54,9 @@ def _exact_zero_gradients(expected: dict, actual: dict, spec: dict) -> list:
         zero = np.all([expected[k] == 0 for k in keys], axis=0)
         for key in keys:
             if zero.any() and key in actual and (actual[key][zero] != 0).any():
-                problems.append(f"{key}: {int((actual[key][zero] != 0).sum())} element(s) nonzero where ORT's are 0 at every step")
+                problems.append(
+                    f"{key}: {int((actual[key][zero] != 0).sum())} element(s) nonzero where ORT's are 0 at every step"
+                )
     return problems
 
 
@@ -75,7 +78,9 @@ def _settle_noise_elements(expected: dict, actual: dict, spec: dict) -> None:
         full = [masks.get(n, np.zeros(spec["param_shapes"][n], dtype=bool)).reshape(-1) for n in order]
         mask = np.concatenate(full) if full else np.zeros(0, dtype=bool)
         if mask.shape == actual["final/contiguous_all"].shape:
-            actual["final/contiguous_all"] = np.where(mask, expected["final/contiguous_all"], actual["final/contiguous_all"])
+            actual["final/contiguous_all"] = np.where(
+                mask, expected["final/contiguous_all"], actual["final/contiguous_all"]
+            )
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])

@@ -4,6 +4,7 @@ The devices' data here is the synthetic non-IID split of examples/federated_flow
 (partition ``partition-id`` of ``num-partitions``, from each SuperNode's ``--node-config``);
 a real device would read its own.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,9 @@ def _make_client(context) -> OrtClient:
     index = int(context.node_config["partition-id"])
     train, evaluation = device_data(index)
     out = context.run_config.get("out-dir") or None
-    return OrtClient(_artifacts(context.run_config), train, evaluation, batch_size=32, client_id=index,
-                     checkpoint_dir=out)
+    return OrtClient(
+        _artifacts(context.run_config), train, evaluation, batch_size=32, client_id=index, checkpoint_dir=out
+    )
 
 
 client = client_app(_make_client)

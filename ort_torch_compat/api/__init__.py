@@ -1,4 +1,5 @@
 """Drop-in replacement for `onnxruntime.training.api` (onnxruntime-training 1.19.2)."""
+
 try:
     import torch  # noqa: F401  (the engine trains on PyTorch)
 except ImportError as error:  # the artifacts-only install (pip install --no-deps) has no torch
@@ -15,6 +16,13 @@ from .optimizer import Optimizer
 from .ortvalue import OrtValue
 
 __all__ = [
-    "CheckpointState", "Parameter", "Parameters", "Properties", "Module", "Optimizer",
-    "LinearLRScheduler", "CorrectedLinearLRScheduler", "OrtValue",
+    "CheckpointState",
+    "Parameter",
+    "Parameters",
+    "Properties",
+    "Module",
+    "Optimizer",
+    "LinearLRScheduler",
+    "CorrectedLinearLRScheduler",
+    "OrtValue",
 ]

@@ -5,6 +5,7 @@ defects are *not* reproduced because they cannot be relied upon: `repr(Parameter
 `repr(Properties)` return a string (ORT returns a list, so `repr()` raises TypeError), and
 setting a parameter before any Module exists works (ORT segfaults).
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,10 @@ def _assign(slot: ParameterSlot, value: np.ndarray) -> None:
         raise NominalStateError(NOMINAL_SET + _LOAD_HINT)
     expected_shape = tuple(slot.tensor.shape)
     # ORT's text first (code may match it), then which parameter and what to pass.
-    hint = (f". Parameter '{slot.name}' takes a numpy array of shape {expected_shape} and dtype "
-            f"{slot.numpy_dtype} (e.g. value.astype(np.{slot.numpy_dtype}))")
+    hint = (
+        f". Parameter '{slot.name}' takes a numpy array of shape {expected_shape} and dtype "
+        f"{slot.numpy_dtype} (e.g. value.astype(np.{slot.numpy_dtype}))"
+    )
     if array.shape != expected_shape:
         raise InvalidArgumentError(
             f"Parameter data shape mismatch. Expected: {{{', '.join(map(str, expected_shape))}}}, "
@@ -157,7 +160,10 @@ class CheckpointState:
 
     @classmethod
     def load_checkpoint(
-        cls, checkpoint_uri: Union[str, os.PathLike, bytes, bytearray, memoryview], *, allow_external_symlinks: bool = False
+        cls,
+        checkpoint_uri: Union[str, os.PathLike, bytes, bytearray, memoryview],
+        *,
+        allow_external_symlinks: bool = False,
     ) -> "CheckpointState":
         """Load from a checkpoint file, or from its bytes (ORT's LoadCheckpointFromBuffer).
 

@@ -6,6 +6,7 @@ so the warmup really lasts `total_step_count` steps and the decay ends at
 reproduces it; `corrected=True` (or `CorrectedLinearLRScheduler`) gives the documented
 behaviour, the one ORT's C API has.
 """
+
 from __future__ import annotations
 
 from ..engine.optimizer_engine import step_count_value
@@ -13,8 +14,15 @@ from .optimizer import Optimizer
 
 
 class LinearLRScheduler:
-    def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int, initial_lr: float,
-                 *, corrected: bool = False):
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        warmup_step_count: int,
+        total_step_count: int,
+        initial_lr: float,
+        *,
+        corrected: bool = False,
+    ):
         self._optimizer = optimizer._optimizer
         # Counts must be ints (ORT's binding raises TypeError otherwise); negatives are allowed, as in ORT.
         warmup_step_count = step_count_value(warmup_step_count, "warmup_step_count")

@@ -1,4 +1,5 @@
 """Drop-in `onnxruntime.training.api.Module`."""
+
 from __future__ import annotations
 
 import os
@@ -46,7 +47,9 @@ class Module:
         self._engine = TrainingEngine(
             state._state,
             train_model_uri if isinstance(train_model_uri, bytes) else os.fspath(train_model_uri),
-            None if eval_model_uri is None else (eval_model_uri if isinstance(eval_model_uri, bytes) else os.fspath(eval_model_uri)),
+            None
+            if eval_model_uri is None
+            else (eval_model_uri if isinstance(eval_model_uri, bytes) else os.fspath(eval_model_uri)),
             device,
             gradients,
             session_options,
@@ -77,7 +80,9 @@ class Module:
     def copy_buffer_to_parameters(self, buffer, trainable_only: bool = True) -> None:
         self._engine.copy_buffer_to_parameters(to_tensor(buffer, "buffer"), trainable_only)
 
-    def export_model_for_inferencing(self, inference_model_uri: Union[str, os.PathLike], graph_output_names: List[str]) -> None:
+    def export_model_for_inferencing(
+        self, inference_model_uri: Union[str, os.PathLike], graph_output_names: List[str]
+    ) -> None:
         """Write the eval model cut to `graph_output_names` with the trained parameters embedded.
 
         As in ORT, the names must be a list of str (a bare str is a TypeError, not a list of

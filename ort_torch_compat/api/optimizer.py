@@ -1,4 +1,5 @@
 """Drop-in `onnxruntime.training.api.Optimizer`."""
+
 from __future__ import annotations
 
 import os

@@ -6,6 +6,7 @@ files; the gradient graph comes from this library's own gradient builder
 runs on any Python onnx supports.  With ``ort_torch_compat.install()`` and no
 onnxruntime-training, ``onnxruntime.training.artifacts`` is this module.
 """
+
 from ..errors import ArtifactGenerationError, UnsupportedGradientError
 from ..gradient import supported_ops
 from .generate import LossType, OptimType, generate_artifacts

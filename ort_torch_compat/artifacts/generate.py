@@ -5,6 +5,7 @@ the checkpoint all exist are the files written (each atomically).  So an unsuppo
 bad argument or an unknown optimizer leaves the artifact directory untouched, where ORT
 may already have written some files.
 """
+
 from __future__ import annotations
 
 import logging
@@ -74,14 +75,16 @@ def _resolve_block(value: object, kind: type, blocks: dict, error: type, what: s
         return value
     raise error(
         f"Unknown {what} provided {type(value)}. Expected {what} to be either one of"
-        f"onnxruntime.training.artifacts.{kind.__name__} or onnxruntime.training.onnxblock.Block.")
+        f"onnxruntime.training.artifacts.{kind.__name__} or onnxruntime.training.onnxblock.Block."
+    )
 
 
 class _TrainingBlock(onnxblock.TrainingBlock):
     """The loss on the model's outputs (or on ``loss_input_names``), plus additional outputs."""
 
-    def __init__(self, loss: onnxblock.Block, loss_input_names: Optional[List[str]],
-                 additional_output_names: Optional[List[str]]):
+    def __init__(
+        self, loss: onnxblock.Block, loss_input_names: Optional[List[str]], additional_output_names: Optional[List[str]]
+    ):
         super().__init__()
         self._loss = loss
         self._loss_input_names = loss_input_names
@@ -133,19 +136,25 @@ def generate_artifacts(
             ``onnxruntime.tools.convert_onnx_models_to_ort``) is not importable.
     """
     loaded_model, model_path = _load_model(model)
-    loss_block = (onnxblock.blocks.PassThrough() if loss is None
-                  else _resolve_block(loss, LossType, _LOSS_BLOCKS, RuntimeError, "loss"))
-    optimizer_block = (None if optimizer is None
-                       else _resolve_block(optimizer, OptimType, _OPTIMIZER_BLOCKS, TypeError, "optimizer"))
+    loss_block = (
+        onnxblock.blocks.PassThrough()
+        if loss is None
+        else _resolve_block(loss, LossType, _LOSS_BLOCKS, RuntimeError, "loss")
+    )
+    optimizer_block = (
+        None if optimizer is None else _resolve_block(optimizer, OptimType, _OPTIMIZER_BLOCKS, TypeError, "optimizer")
+    )
     convert = _ort_converter() if ort_format else None
     if requires_grad is not None and frozen_params is not None and set(requires_grad) & set(frozen_params):
         raise RuntimeError(
             "A parameter cannot be frozen and require gradient computation at the same "
-            f"time {set(requires_grad) & set(frozen_params)}")
+            f"time {set(requires_grad) & set(frozen_params)}"
+        )
     if additional_output_names is not None and not isinstance(additional_output_names, list):
         raise RuntimeError(
             f"Unknown type provided for additional output names {type(additional_output_names)}. "
-            "Expected additional output names to be a list of strings.")
+            "Expected additional output names to be a list of strings."
+        )
 
     if custom_op_library is not None:
         if not os.path.exists(custom_op_library):
@@ -181,8 +190,12 @@ def generate_artifacts(
     if nominal_checkpoint:
         writes.append(("nominal_checkpoint", lambda p: save_checkpoint(parameters, p, nominal_checkpoint=True)))
     if optimizer_model is not None:
-        writes.append(("optimizer_model.onnx",
-                       lambda p: atomic_write(str(p), optimizer_model.SerializeToString(), "optimizer model")))
+        writes.append(
+            (
+                "optimizer_model.onnx",
+                lambda p: atomic_write(str(p), optimizer_model.SerializeToString(), "optimizer model"),
+            )
+        )
     for name, write in writes:
         path = directory / f"{prefix}{name}"
         write(path)
@@ -204,18 +217,21 @@ def _ort_converter() -> Callable[[pathlib.Path, pathlib.Path, Optional[Union[str
             "convert them with `python -m onnxruntime.tools.convert_onnx_models_to_ort DIR` where it is installed"
         ) from error
 
-    def convert(path: pathlib.Path, directory: pathlib.Path,
-                custom_op_library: Optional[Union[str, bytes, os.PathLike]]) -> None:
+    def convert(
+        path: pathlib.Path, directory: pathlib.Path, custom_op_library: Optional[Union[str, bytes, os.PathLike]]
+    ) -> None:
         library = None if custom_op_library is None else pathlib.Path(os.fsdecode(custom_op_library))
-        convert_onnx_models_to_ort(path, output_dir=directory, custom_op_library_path=library,
-                                   optimization_styles=[OptimizationStyle.Fixed])
+        convert_onnx_models_to_ort(
+            path, output_dir=directory, custom_op_library_path=library, optimization_styles=[OptimizationStyle.Fixed]
+        )
         logger.info("Saved %s", path.with_suffix(".ort"))
 
     return convert
 
 
-def _check_parameters_are_initializers(model: onnx.ModelProto, requires_grad: Optional[List[str]],
-                                       frozen_params: Optional[List[str]]) -> None:
+def _check_parameters_are_initializers(
+    model: onnx.ModelProto, requires_grad: Optional[List[str]], frozen_params: Optional[List[str]]
+) -> None:
     """Parameters are initializers; a graph input named as one would be silently left out
     (and the model then has no trainable parameter): name it and say what to do."""
     initializers = {init.name for init in model.graph.initializer}
@@ -226,7 +242,8 @@ def _check_parameters_are_initializers(model: onnx.ModelProto, requires_grad: Op
             raise ArtifactGenerationError(
                 f"{argument} names {fed}, which are graph inputs of the model, not initializers: parameters must be "
                 "initializers (export the model with its weights, e.g. torch.onnx.export(..., export_params=True), "
-                "or move them into graph.initializer with onnx.numpy_helper.from_array)")
+                "or move them into graph.initializer with onnx.numpy_helper.from_array)"
+            )
 
 
 def _onnx_opset(model: onnx.ModelProto) -> Optional[int]:

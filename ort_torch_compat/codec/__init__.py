@@ -4,6 +4,7 @@ The codec knows bytes and records only (no torch or engine imports at module lev
 ``decode``/``read`` verify untrusted input, ``encode``/``write`` reproduce ORT's bytes,
 ``layout`` holds the two ORT writer policies and ``dtypes`` the tensor type table.
 """
+
 from .decode import (
     FILE_IDENTIFIER,
     SUPPORTED_VERSION,

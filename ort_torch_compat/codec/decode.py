@@ -21,6 +21,7 @@ format error, where a memory map would crash the process), and ``open_checkpoint
 out each tensor's bytes as a :class:`Payload` that the caller reads straight into the
 tensor's own memory (``readinto``).  A load thus holds one copy of the data: the tensors.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,8 +44,15 @@ from .records import (
     TensorRecord,
 )
 
-__all__ = ["decode_checkpoint", "read_checkpoint", "open_checkpoint", "Payload", "has_external_data", "FILE_IDENTIFIER",
-           "SUPPORTED_VERSION"]
+__all__ = [
+    "decode_checkpoint",
+    "read_checkpoint",
+    "open_checkpoint",
+    "Payload",
+    "has_external_data",
+    "FILE_IDENTIFIER",
+    "SUPPORTED_VERSION",
+]
 
 FILE_IDENTIFIER = b"ODTC"
 SUPPORTED_VERSION = 2
@@ -231,8 +239,14 @@ class Payload:
 class _Reader:
     """Bounds-checked primitive reads over one buffer; every failure is a format error."""
 
-    def __init__(self, data: Union[memoryview, _PagedFile], source: str, ext: Optional[Union[_Blob, _FileBlob]],
-                 ext_source: str, lazy: bool = False) -> None:
+    def __init__(
+        self,
+        data: Union[memoryview, _PagedFile],
+        source: str,
+        ext: Optional[Union[_Blob, _FileBlob]],
+        ext_source: str,
+        lazy: bool = False,
+    ) -> None:
         self.buf = data
         self.n = len(data)
         self.lazy = lazy  # tensor bytes as Payloads (read later) instead of bytes
@@ -405,9 +419,7 @@ def _tensor(r: _Reader, t: _Table) -> TensorRecord:
 
 def _external_payload(r: _Reader, name: str, data_type: int, dims, offset: int) -> Union[bytes, Payload]:
     if not r.ext_allowed:
-        raise r.fail(
-            f"tensor {name!r} has external_data_offset {offset} but the module state has no external data"
-        )
+        raise r.fail(f"tensor {name!r} has external_data_offset {offset} but the module state has no external data")
     if r.ext is None:
         raise r.fail(f"tensor {name!r} lives in external data (offset {offset}) but no external data was given")
     try:
@@ -421,8 +433,7 @@ def _external_payload(r: _Reader, name: str, data_type: int, dims, offset: int) 
     if offset + nbytes > have:
         raise CheckpointFormatError(
             r.ext_source,
-            f"truncated: tensor {name!r} external data needs {nbytes} bytes at offset {offset} "
-            f"but the file has {have}",
+            f"truncated: tensor {name!r} external data needs {nbytes} bytes at offset {offset} but the file has {have}",
         )
     r.spend(nbytes, f"tensor {name!r} external data")
     return Payload(r.ext, offset, nbytes) if r.lazy else r.ext.read(offset, nbytes)
@@ -495,7 +506,9 @@ def _root(r: _Reader) -> _Table:
         raise r.fail(f"truncated: {r.n} bytes is too short for the 8-byte flatbuffers header")
     ident = bytes(r.buf[4:8])
     if ident != FILE_IDENTIFIER:
-        raise r.fail(f"wrong file identifier {ident!r} (expected {FILE_IDENTIFIER!r}){_what_it_is(r.buf[0:min(r.n, 9)])}")
+        raise r.fail(
+            f"wrong file identifier {ident!r} (expected {FILE_IDENTIFIER!r}){_what_it_is(r.buf[0 : min(r.n, 9)])}"
+        )
     root = r.table(r.deref(0, "root offset"), "checkpoint")
     version = r.scalar(root, 0, _I32, 0, "version")
     if version != SUPPORTED_VERSION:
@@ -552,8 +565,13 @@ def decode_checkpoint(
     return _decode(_as_view(data), source, blob, external_source, lazy)
 
 
-def _decode(data: Union[memoryview, _PagedFile], source: str, ext: Optional[Union[_Blob, _FileBlob]],
-            external_source: str, lazy: bool = False) -> CheckpointRecord:
+def _decode(
+    data: Union[memoryview, _PagedFile],
+    source: str,
+    ext: Optional[Union[_Blob, _FileBlob]],
+    external_source: str,
+    lazy: bool = False,
+) -> CheckpointRecord:
     r = _Reader(data, source, ext, external_source, lazy)
     root = _root(r)
     record = CheckpointRecord(version=SUPPORTED_VERSION)
@@ -590,7 +608,9 @@ def read_checkpoint(path: Union[str, os.PathLike], *, allow_external_symlinks: b
 
 
 @contextlib.contextmanager
-def open_checkpoint(path: Union[str, os.PathLike], *, allow_external_symlinks: bool = False) -> Iterator[CheckpointRecord]:
+def open_checkpoint(
+    path: Union[str, os.PathLike], *, allow_external_symlinks: bool = False
+) -> Iterator[CheckpointRecord]:
     """Like :func:`read_checkpoint`, as a context manager whose record holds each non-string
     tensor's bytes as a :class:`Payload`, to be read (``readinto``) inside the block,
     straight into the memory that keeps them: the whole file is never in memory.
@@ -607,8 +627,9 @@ def open_checkpoint(path: Union[str, os.PathLike], *, allow_external_symlinks: b
             file.close()
 
 
-def _open(path: Union[str, os.PathLike], allow_external_symlinks: bool, lazy: bool,
-          files: List[_FileBlob]) -> CheckpointRecord:
+def _open(
+    path: Union[str, os.PathLike], allow_external_symlinks: bool, lazy: bool, files: List[_FileBlob]
+) -> CheckpointRecord:
     """Decode ``path``; the files it opens are appended to ``files`` for the caller to close."""
     path = os.fspath(path)
     source = os.fsdecode(path)
@@ -630,8 +651,13 @@ _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXE
 
 
 def _kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+    for test, kind in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return kind
     return "not a regular file"
@@ -675,5 +701,7 @@ def _open_companion(source: str, data_path: str, allow_external_symlinks: bool) 
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise CheckpointFormatError(source, f"cannot read its data file {data_path}: {_kind(st.st_mode)}, not a regular file")
+        raise CheckpointFormatError(
+            source, f"cannot read its data file {data_path}: {_kind(st.st_mode)}, not a regular file"
+        )
     return _FileBlob(fd, st.st_size, data_path)

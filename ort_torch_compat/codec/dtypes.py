@@ -10,6 +10,7 @@ numpy has no bfloat16 / float8 types; ``ml_dtypes`` (a dependency of onnx) provi
 torch conversion deliberately avoids numpy for the payload so those dtypes stay lossless
 and no pickling is involved.
 """
+
 from __future__ import annotations
 
 import math
@@ -375,4 +376,3 @@ def tensor_record_to_torch(record: TensorRecord) -> Any:
     else:
         target[:] = np.frombuffer(raw, dtype=np.uint8)
     return tensor
-

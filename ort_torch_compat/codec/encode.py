@@ -14,6 +14,7 @@ same call sequence, with one exception handled in :meth:`_Encoder.int64_vector`;
 leaves tensor payloads where they are (the output is a list of segments, metadata and the
 callers' own buffers), so a save streams the tensors to disk without copying them.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -318,7 +319,9 @@ def encode_checkpoint_segments(
     try:
         main = enc.checkpoint(record)
     except BuilderSizeError as exc:
-        raise ValueError(f"checkpoint too large for a flatbuffers file (2 GiB limit); use external data: {exc}") from None
+        raise ValueError(
+            f"checkpoint too large for a flatbuffers file (2 GiB limit); use external data: {exc}"
+        ) from None
     return main, enc.ext
 
 

@@ -5,6 +5,7 @@ A corrupt checkpoint must fail with one predictable exception type whose message
 filled up, and "unpack requires a buffer of 4 bytes" helps nobody.  ``CheckpointFormatError``
 also subclasses ``ValueError`` so generic ``except ValueError`` handlers keep working.
 """
+
 from __future__ import annotations
 
 from ..errors import OrtTorchCompatError

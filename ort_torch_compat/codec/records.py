@@ -5,6 +5,7 @@ codec never touches torch: each side can change without the other.  Tensor paylo
 as little-endian C-order bytes because that is what the file holds and because it keeps
 dtypes numpy cannot represent (bfloat16, float8) lossless.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

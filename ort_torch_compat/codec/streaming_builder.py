@@ -13,6 +13,7 @@ Only what the checkpoint encoder needs is here.  Vtables are deduplicated by con
 the Python builder does; C++ produces the same bytes for ORT's call sequence), and no
 byte once written is read back, so the flushed metadata before a hole is final.
 """
+
 from __future__ import annotations
 
 import struct

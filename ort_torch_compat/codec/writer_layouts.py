@@ -13,6 +13,7 @@ ORT 1.19 has two writers that lay the same data out differently (spec section 1.
 Keeping these rules here, apart from the byte-level encoder, means the encoder stays a
 faithful "write what the record says" layer and each policy is testable on its own.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Iterable, List, Optional, Sequence

@@ -1,4 +1,5 @@
 """Translate between codec records (the file) and the TrainingState (the live state)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -99,8 +100,10 @@ def state_from_record(record: CheckpointRecord) -> TrainingState:
             step=group.step,
             initial_learning_rate=group.initial_learning_rate,
             moments={
-                entry.param_name: {m.name: _tensor(m, f"optimizer state {m.name!r} of parameter {entry.param_name!r}")
-                                   for m in entry.momentums}
+                entry.param_name: {
+                    m.name: _tensor(m, f"optimizer state {m.name!r} of parameter {entry.param_name!r}")
+                    for m in entry.momentums
+                }
                 for entry in group.states
             },
         )
@@ -124,8 +127,10 @@ def moment_mismatch(state: TrainingState) -> Optional[str]:
             continue
         for key, moment in moments.items():
             if moment.shape != slot.tensor.shape or moment.dtype != slot.tensor.dtype:
-                return (f"optimizer state {key!r} of parameter {name!r} is {moment.dtype} {list(moment.shape)} "
-                        f"but the parameter is {slot.tensor.dtype} {list(slot.tensor.shape)}")
+                return (
+                    f"optimizer state {key!r} of parameter {name!r} is {moment.dtype} {list(moment.shape)} "
+                    f"but the parameter is {slot.tensor.dtype} {list(slot.tensor.shape)}"
+                )
     return None
 
 
@@ -175,8 +180,11 @@ def _needs_external_data(state: TrainingState) -> bool:
     too big for one flatbuffer (2 GiB) would make ORT fail, so past ORT's own artifact
     threshold we switch to the external layout (and it sticks, as ORT's flag does)."""
     if not state.has_external_data:
-        size = sum(slot.tensor.numel() * slot.tensor.element_size()
-                   for slot in state.parameters.values() if slot.tensor is not None)
+        size = sum(
+            slot.tensor.numel() * slot.tensor.element_size()
+            for slot in state.parameters.values()
+            if slot.tensor is not None
+        )
         state.has_external_data = size > ARTIFACT_EXTERNAL_THRESHOLD_BYTES
     return state.has_external_data
 
@@ -194,10 +202,15 @@ def save_state(state: TrainingState, path: PathLike, include_optimizer_state: bo
         external = _needs_external_data(state)
     target = os.fspath(path)
     try:
-        write_checkpoint(lambda: record_from_state(state, include_optimizer_state, copy=False), target,
-                         external_min_bytes=state_writer_external_min_bytes(external), hold=state.lock)
+        write_checkpoint(
+            lambda: record_from_state(state, include_optimizer_state, copy=False),
+            target,
+            external_min_bytes=state_writer_external_min_bytes(external),
+            hold=state.lock,
+        )
     except OSError as error:
         if error.filename is not None:
             raise  # the codec's message already names the file
-        raise type(error)(error.errno, f"cannot save checkpoint {os.fsdecode(target)}: {error.strerror or error}",
-                          os.fsdecode(target)) from error
+        raise type(error)(
+            error.errno, f"cannot save checkpoint {os.fsdecode(target)}: {error.strerror or error}", os.fsdecode(target)
+        ) from error

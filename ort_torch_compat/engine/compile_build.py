@@ -9,6 +9,7 @@ compiled step only where it is faster (convolution-heavy graphs such as ResNet-1
 nothing: their time is in the same oneDNN kernels either way).  Runs in the compile worker
 (compile_worker.py) or, ahead of time, in precompile.py.
 """
+
 from __future__ import annotations
 
 import base64
@@ -36,9 +37,10 @@ _TIMED_ROUNDS = 5  # eager/compiled step pairs timed after a cold compile
 def _compile(spec: "SpecializedGraph", tensors: Sequence[torch.Tensor], directory: pathlib.Path) -> Dict:
     """AOTAutograd split + AOTInductor build of `spec` into `directory`; returns the layout."""
     import torch._inductor  # noqa: F401  (heavy: imported only when compiling)
-    from ..graph.specialize import NotSpecializable
     from torch._functorch.aot_autograd import aot_function, make_boxed_func
     from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    from ..graph.specialize import NotSpecializable
 
     captured: Dict[str, Tuple[fx.GraphModule, list]] = {}
 
@@ -54,8 +56,13 @@ def _compile(spec: "SpecializedGraph", tensors: Sequence[torch.Tensor], director
 
     # TorchInductor's own decompositions (as torch.compile applies them): the forward and the
     # backward graph then agree on what every saved activation means.
-    joint = aot_function(spec.module, fw_compiler=capture("forward"), bw_compiler=capture("backward"),
-                         partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
+    joint = aot_function(
+        spec.module,
+        fw_compiler=capture("forward"),
+        bw_compiler=capture("backward"),
+        partition_fn=min_cut_rematerialization_partition,
+        decompositions=select_decomp_table(),
+    )
     args = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
     args += [c.detach().clone() for c in spec.constants]
     results = joint(*args)
@@ -75,9 +82,9 @@ def _compile(spec: "SpecializedGraph", tensors: Sequence[torch.Tensor], director
     # traced graph does not know, and compiled code trusts the strides it was built for.
     forward_library = torch._C._aoti.AOTIModelContainerRunnerCpu(str(directory / "forward.so"), 1)
     with torch.no_grad():
-        activations = forward_library.run([a.detach().contiguous() for a in args])[len(results):]
+        activations = forward_library.run([a.detach().contiguous() for a in args])[len(results) :]
     del forward_library
-    tangent_examples = [torch.ones(t.shape, dtype=t.dtype) for t in backward_inputs[len(activations):]]
+    tangent_examples = [torch.ones(t.shape, dtype=t.dtype) for t in backward_inputs[len(activations) :]]
     _build_library(directory, "backward", backward_graph, activations + tangent_examples)
     for leftover in directory.iterdir():  # generated sources and objects: not needed to load
         if leftover.suffix not in (".so", ".json"):
@@ -92,19 +99,24 @@ def _compile(spec: "SpecializedGraph", tensors: Sequence[torch.Tensor], director
         "activation_strides": [list(a.stride()) for a in activations],
     }
 
+
 def _build_library(directory: pathlib.Path, name: str, graph: fx.GraphModule, example_inputs: list) -> None:
     """AOTInductor: `graph` for these example inputs (shapes and strides) -> directory/name.so."""
     import torch._inductor
 
     before = set(directory.glob("*.wrapper.json"))
     threads = max(torch.get_num_threads(), os.cpu_count() or 1)
-    options = {"aot_inductor.output_path": str(directory / f"{name}.so"), "cpp.dynamic_threads": True,
-               "cpp.threads": threads}
+    options = {
+        "aot_inductor.output_path": str(directory / f"{name}.so"),
+        "cpp.dynamic_threads": True,
+        "cpp.threads": threads,
+    }
     torch._inductor.aot_compile(graph, tuple(example_inputs), options=options)
     # Operators without a C shim run through a proxy executor described by a JSON file,
     # which the runner looks for next to the library, under the library's name.
     for extern in set(directory.glob("*.wrapper.json")) - before:
         shutil.copyfile(extern, directory / f"{name}.json")
+
 
 def _elementwise_excess(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """Excess of max |actual - expected| over 1e-5 + 1e-3*max|expected| (<= 0: within)."""
@@ -117,12 +129,14 @@ def _elementwise_excess(actual: torch.Tensor, expected: torch.Tensor) -> float:
     scale = expected.abs().max().item()
     return (actual - expected).abs().max().item() - (_CHECK_ATOL + _CHECK_RTOL * scale)
 
+
 def _norm_excess(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """Excess of ||actual - expected|| over 5% of ||expected|| (plus 1e-5 per element)."""
     if actual.shape != expected.shape:
         return float("inf")
     tolerance = _CHECK_GRAD_RTOL * expected.norm().item() + _CHECK_ATOL * expected.numel() ** 0.5
     return (actual - expected).norm().item() - tolerance
+
 
 def _self_check(step: CompiledTrainStep, module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -> None:
     """One step both ways on copies of the inputs (the module's buffers restored after each).
@@ -153,12 +167,18 @@ def _self_check(step: CompiledTrainStep, module: fx.GraphModule, tensors: Sequen
     (eager_values, eager_grads), (values, grads) = run(functools.partial(eager_train_step, module)), run(step.train)
     if len(values) != len(eager_values) or len(grads) != len(eager_grads):
         raise NotSpecializable("the compiled step returns other values than the eager step")
-    worst = max([_elementwise_excess(c, e) for c, e in zip(values, eager_values)]
-                + [_norm_excess(c, e) for c, e in zip(grads, eager_grads)], default=0.0)
+    worst = max(
+        [_elementwise_excess(c, e) for c, e in zip(values, eager_values)]
+        + [_norm_excess(c, e) for c, e in zip(grads, eager_grads)],
+        default=0.0,
+    )
     if worst > 0:
         raise NotSpecializable(f"the compiled step disagrees with the eager step (excess difference {worst:.3g})")
 
-def _step_times(step: CompiledTrainStep, module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -> Tuple[float, float]:
+
+def _step_times(
+    step: CompiledTrainStep, module: fx.GraphModule, tensors: Sequence[torch.Tensor]
+) -> Tuple[float, float]:
     """Median CPU milliseconds of a train step (forward, backward, gradients into `.grad`),
     eager and compiled, interleaved,
     on one thread (CPU time of one thread is the work itself, whatever else the machine runs)."""
@@ -169,8 +189,10 @@ def _step_times(step: CompiledTrainStep, module: fx.GraphModule, tensors: Sequen
     torch.set_num_threads(1)
     try:
         for _ in range(_TIMED_ROUNDS):
-            for kind, function in (("eager", lambda: eager_train_step(module, copies)),
-                                   ("compiled", lambda: step.train(copies))):
+            for kind, function in (
+                ("eager", lambda: eager_train_step(module, copies)),
+                ("compiled", lambda: step.train(copies)),
+            ):
                 begin = time.process_time()
                 function()
                 times[kind].append(1000 * (time.process_time() - begin))
@@ -183,10 +205,15 @@ def _step_times(step: CompiledTrainStep, module: fx.GraphModule, tensors: Sequen
                 buffer.copy_(value)
     return sorted(times["eager"])[len(times["eager"]) // 2], sorted(times["compiled"])[len(times["compiled"]) // 2]
 
+
 def _encode_tensor(tensor: torch.Tensor) -> Dict:
     """A small constant as JSON (the cache is read without unpickling, like every other file)."""
-    return {"dtype": str(tensor.dtype).replace("torch.", ""), "shape": list(tensor.shape),
-            "data": base64.b64encode(tensor_bytes(tensor)).decode("ascii")}
+    return {
+        "dtype": str(tensor.dtype).replace("torch.", ""),
+        "shape": list(tensor.shape),
+        "data": base64.b64encode(tensor_bytes(tensor)).decode("ascii"),
+    }
+
 
 def build_entry(module: fx.GraphModule, tensors: Sequence[torch.Tensor], key: str, root: pathlib.Path) -> Dict:
     """Specialize, compile, check and time `module` for `tensors` and publish the entry
@@ -200,7 +227,7 @@ def build_entry(module: fx.GraphModule, tensors: Sequence[torch.Tensor], key: st
 
         def build(scratch: pathlib.Path) -> Dict:
             meta = _compile(spec, tensors, scratch)
-            trace_constants = spec.constants[len(lifted_constants(module)):]
+            trace_constants = spec.constants[len(lifted_constants(module)) :]
             meta["trace_constants"] = [_encode_tensor(constant) for constant in trace_constants]
             step = CompiledTrainStep(scratch, meta, spec.constants)
             _self_check(step, module, tensors)

@@ -17,6 +17,7 @@ removed, so it is rebuilt.  The checks stop corruption (a truncated or bit-flipp
 files moved between entries, a damaged manifest) and other users' files; they cannot stop
 the current user, who can run code anyway.
 """
+
 from __future__ import annotations
 
 import functools
@@ -77,14 +78,19 @@ def _check_owned(path: pathlib.Path, what: str, directory: bool) -> os.stat_resu
         raise CacheProblem(f"{what} {path} cannot be read ({error.strerror})") from None
     kind_ok = stat.S_ISDIR(info.st_mode) if directory else stat.S_ISREG(info.st_mode)
     if not kind_ok:
-        raise CacheProblem(f"{what} {path} is not a {'directory' if directory else 'regular file'} (a symlink, "
-                           "FIFO or device is never used)")
+        raise CacheProblem(
+            f"{what} {path} is not a {'directory' if directory else 'regular file'} (a symlink, "
+            "FIFO or device is never used)"
+        )
     if info.st_uid != os.getuid():
-        raise CacheProblem(f"{what} {path} is owned by another user (uid {info.st_uid}); use a cache of your own "
-                           f"({CACHE_ENV})")
+        raise CacheProblem(
+            f"{what} {path} is owned by another user (uid {info.st_uid}); use a cache of your own ({CACHE_ENV})"
+        )
     if info.st_mode & _UNSAFE_MODE:
-        raise CacheProblem(f"{what} {path} is writable by group or others (mode {stat.S_IMODE(info.st_mode):o}); "
-                           f"fix it with chmod go-w {path}")
+        raise CacheProblem(
+            f"{what} {path} is writable by group or others (mode {stat.S_IMODE(info.st_mode):o}); "
+            f"fix it with chmod go-w {path}"
+        )
     return info
 
 
@@ -144,8 +150,10 @@ def open_entry(root: pathlib.Path, key: str) -> Optional[Entry]:
     if not isinstance(meta, dict) or meta.get("digest") != _manifest_digest(meta):
         raise CacheProblem(f"{directory / MANIFEST} does not match its own digest (a damaged or edited entry)")
     if meta.get("format") != FORMAT or meta.get("key") != key:
-        raise CacheProblem(f"{directory} holds the entry of key {meta.get('key')!r} (format {meta.get('format')!r}), "
-                           f"not of {key!r} (format {FORMAT}): moved or copied there")
+        raise CacheProblem(
+            f"{directory} holds the entry of key {meta.get('key')!r} (format {meta.get('format')!r}), "
+            f"not of {key!r} (format {FORMAT}): moved or copied there"
+        )
     missing = sorted(set(meta.get("cpu", [])) - set(cpu_features()))
     if missing:
         raise CacheProblem(f"{directory} was compiled for a CPU with {', '.join(missing[:8])}, which this CPU lacks")
@@ -216,7 +224,7 @@ def sweep_scratch(root: pathlib.Path) -> None:
         name = entry.name
         if not name.startswith(".") or not entry.is_dir() or entry.is_symlink():
             continue
-        parts = name[_KEY_LENGTH + 2:].rsplit("-", 2)
+        parts = name[_KEY_LENGTH + 2 :].rsplit("-", 2)
         if len(parts) == 3 and parts[1].isdigit():
             stale = parts[0] == host and not _pid_alive(int(parts[1]))
         else:

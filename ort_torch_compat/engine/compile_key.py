@@ -1,4 +1,5 @@
 """The compile cache's key: everything a compiled train step depends on, read without tracing."""
+
 from __future__ import annotations
 
 import functools
@@ -14,8 +15,9 @@ from torch import fx
 from . import compile_cache
 
 # The compiling and running code: a change to either makes every entry stale.
-_COMPILER_SOURCES = tuple(str(pathlib.Path(__file__).with_name(name))
-                          for name in ("compile_build.py", "compiled_step.py", "compile_key.py"))
+_COMPILER_SOURCES = tuple(
+    str(pathlib.Path(__file__).with_name(name)) for name in ("compile_build.py", "compiled_step.py", "compile_key.py")
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -26,13 +28,16 @@ def _file_digest(path: str) -> str:
     except OSError:
         return "missing"
 
+
 def tensor_bytes(tensor: torch.Tensor) -> bytes:
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
 
+
 def _stable_repr(value: object) -> str:
     """repr without memory addresses (functions print as `<... at 0x7f...>`)."""
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
 
 def graph_key(module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -> str:
     """Everything the compiled code depends on, without tracing: torch version, CPU

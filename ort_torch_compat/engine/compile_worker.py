@@ -19,6 +19,7 @@ in it), the parent kills that group and removes the child's scratch directory at
 killed with SIGKILL), and it removes its scratch directory and kills its group.  Scratch
 directories left by a machine crash are removed by the next compile (`compile_cache`).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -47,12 +48,18 @@ _live: Dict[str, "CompileWorker"] = {}  # cache key -> worker: engines of one gr
 class CompileWorker:
     """One child process compiling one graph for one input signature into the cache."""
 
-    def __init__(self, recipe: "ModuleRecipe", tensors: Sequence["torch.Tensor"], key: str, root: pathlib.Path,
-                 background: bool):
+    def __init__(
+        self, recipe: "ModuleRecipe", tensors: Sequence["torch.Tensor"], key: str, root: pathlib.Path, background: bool
+    ):
         self.key = key
         self.root = root
-        job = {"recipe": recipe, "key": key, "root": str(root), "nice": _BACKGROUND_NICE if background else 0,
-               "tensors": [t.detach().to("cpu").clone().requires_grad_(t.requires_grad) for t in tensors]}
+        job = {
+            "recipe": recipe,
+            "key": key,
+            "root": str(root),
+            "nice": _BACKGROUND_NICE if background else 0,
+            "tensors": [t.detach().to("cpu").clone().requires_grad_(t.requires_grad) for t in tensors],
+        }
         payload = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
         package_root = str(pathlib.Path(__file__).resolve().parents[2])  # a source checkout works too
         environment = dict(os.environ)
@@ -60,13 +67,19 @@ class CompileWorker:
         environment["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # no pool of compiler subprocesses
         self._stderr = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "ort_torch_compat.engine.compile_worker"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._stderr, env=environment, start_new_session=True)
+            [sys.executable, "-m", "ort_torch_compat.engine.compile_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=environment,
+            start_new_session=True,
+        )
         self._result: Optional[Dict] = None
         # Writing blocks until the child has imported torch and reads: a thread does it (it
         # holds no GIL while blocked).  stdin then stays open: its end tells the child we are gone.
-        self._writer = threading.Thread(target=self._send, args=(payload,), daemon=True,
-                                        name="ort_torch_compat compile job")
+        self._writer = threading.Thread(
+            target=self._send, args=(payload,), daemon=True, name="ort_torch_compat compile job"
+        )
         self._writer.start()
 
     def _send(self, payload: bytes) -> None:
@@ -95,8 +108,11 @@ class CompileWorker:
             except (IndexError, ValueError):
                 self._stderr.seek(0)
                 tail = self._stderr.read().decode("utf-8", "replace").strip().splitlines()[-3:]
-                self._result = {"status": "failed", "reason": f"the compile worker exited with status "
-                                f"{self.process.returncode}: {' / '.join(tail)[-300:] or 'no message'}"}
+                self._result = {
+                    "status": "failed",
+                    "reason": f"the compile worker exited with status "
+                    f"{self.process.returncode}: {' / '.join(tail)[-300:] or 'no message'}",
+                }
             self._close()
         return self._result
 
@@ -120,8 +136,9 @@ class CompileWorker:
                 pass
 
 
-def start(recipe: "ModuleRecipe", tensors: Sequence["torch.Tensor"], key: str, root: pathlib.Path,
-          background: bool) -> CompileWorker:
+def start(
+    recipe: "ModuleRecipe", tensors: Sequence["torch.Tensor"], key: str, root: pathlib.Path, background: bool
+) -> CompileWorker:
     """The worker compiling `key` (one already running in this process is shared)."""
     if key not in _live:
         _live[key] = CompileWorker(recipe, tensors, key, root, background)
@@ -161,8 +178,11 @@ def _child() -> Dict:
     module = job["recipe"].build()
     rebuilt_key = compile_key.graph_key(module, tensors)
     if rebuilt_key != key:
-        return {"status": "failed", "reason": f"the compile worker built another graph (key {rebuilt_key}, "
-                f"expected {key}): the library's files changed while training ran?"}
+        return {
+            "status": "failed",
+            "reason": f"the compile worker built another graph (key {rebuilt_key}, "
+            f"expected {key}): the library's files changed while training ran?",
+        }
     return compile_build.build_entry(module, tensors, key, root)
 
 
@@ -171,7 +191,10 @@ def main() -> int:
     try:
         result = _child()
     except Exception as error:  # noqa: BLE001  (reported to the parent, which trains on eagerly)
-        result = {"status": "failed", "reason": f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"}
+        result = {
+            "status": "failed",
+            "reason": f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}",
+        }
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
     return 0

@@ -16,6 +16,7 @@ compiled step between two steps once it is ready, checked and faster.  Ahead of 
 `precompile.py` (`ort-torch-compat compile`) fills the cache.  Only CPU training steps are
 compiled; other shapes than the first batch's, eval steps and CUDA run eagerly.
 """
+
 from __future__ import annotations
 
 import logging
@@ -53,6 +54,7 @@ log = logging.getLogger("ort_torch_compat.compile")
 class CompileWarning(RuntimeWarning):
     """A train step runs without compilation; the message says why."""
 
+
 def compile_setting(session_options: object = None) -> str:
     """The effective setting: the session options' "ort_torch_compat.compile" config entry,
     else "off" when their graph_optimization_level is ORT_DISABLE_ALL (0), else
@@ -71,6 +73,7 @@ def compile_setting(session_options: object = None) -> str:
         raise ValueError(f"compile setting must be one of {SETTINGS} (or 0/1), got {raw!r}")
     return value
 
+
 def cxx_compiler() -> Optional[str]:
     """The C++ compiler TorchInductor would use, or None."""
     for candidate in (os.environ.get("CXX"), "g++", "c++", "clang++"):
@@ -78,16 +81,20 @@ def cxx_compiler() -> Optional[str]:
             return shutil.which(candidate)
     return None
 
+
 def _signature(tensors: Sequence[torch.Tensor]) -> Tuple:
     return tuple((tuple(t.shape), t.dtype, t.device) for t in tensors)
 
+
 _reported: set = set()
+
 
 def _report(label: str, reason: str) -> None:
     """One warning per model and reason per process."""
     if (label, reason) not in _reported:
         _reported.add((label, reason))
         warnings.warn(f"{label}: train steps run without compilation: {reason}", CompileWarning, stacklevel=4)
+
 
 class TrainStepRunner:
     """Runs train steps: the converted train module with autograd, or its compiled form when
@@ -99,8 +106,14 @@ class TrainStepRunner:
     computes the same as the module and runs the steps that are not compiled (the engine
     passes `graph_module.direct_calls(module)`)."""
 
-    def __init__(self, module: fx.GraphModule, recipe: "ModuleRecipe", device: torch.device,
-                 session_options: object = None, eager: Optional[Callable] = None):
+    def __init__(
+        self,
+        module: fx.GraphModule,
+        recipe: "ModuleRecipe",
+        device: torch.device,
+        session_options: object = None,
+        eager: Optional[Callable] = None,
+    ):
         self.module = module
         self.eager = module if eager is None else eager
         self.recipe = recipe
@@ -124,8 +137,9 @@ class TrainStepRunner:
             return COMPILING
         return "compiled" if self._state == "compiled" else "eager"
 
-    def train_step(self, tensors: Sequence[torch.Tensor],
-                   observe: Optional[compiled_step.Observer] = None) -> Sequence[torch.Tensor]:
+    def train_step(
+        self, tensors: Sequence[torch.Tensor], observe: Optional[compiled_step.Observer] = None
+    ) -> Sequence[torch.Tensor]:
         """One train step on `tensors` (feeds, then parameters): the module's outputs, with
         the gradient of output 0 (seeded with ones) added into the parameters' `.grad`;
         `observe(parameter, gradient)` sees each parameter's gradient of this step."""
@@ -187,8 +201,9 @@ class TrainStepRunner:
         log.info("%s: compiling the train step (cached in %s)", self.label, root)
         self._started = time.perf_counter()
         try:
-            self._worker = compile_worker.start(self.recipe, tensors, self._key, root,
-                                                background=self.setting == "auto")
+            self._worker = compile_worker.start(
+                self.recipe, tensors, self._key, root, background=self.setting == "auto"
+            )
         except (OSError, ValueError, TypeError, AttributeError, RuntimeError) as error:  # pickling, spawning
             _report(self.label, f"cannot start the compile worker ({type(error).__name__}: {error})")
             return
@@ -217,8 +232,12 @@ class TrainStepRunner:
         # The libraries are mapped and relocated by a thread (ctypes releases the GIL in
         # dlopen); the step that switches over then finds them loaded and pays ~0.1 ms.
         self._entry = entry
-        self._preload = threading.Thread(target=compiled_step.preload_libraries, args=(entry.directory,), daemon=True,
-                                         name="ort_torch_compat preload")
+        self._preload = threading.Thread(
+            target=compiled_step.preload_libraries,
+            args=(entry.directory,),
+            daemon=True,
+            name="ort_torch_compat preload",
+        )
         self._preload.start()
         self._state = "loading"
 
@@ -233,8 +252,12 @@ class TrainStepRunner:
             _report(self.label, f"cannot load the compiled step from {directory} ({error})")
             return
         if self.setting == "auto" and meta["compiled_ms"] > _FASTER * meta["eager_ms"]:
-            log.info("%s: the compiled train step is not faster (%.1f ms vs %.1f ms eager): running eagerly",
-                     self.label, meta["compiled_ms"], meta["eager_ms"])
+            log.info(
+                "%s: the compiled train step is not faster (%.1f ms vs %.1f ms eager): running eagerly",
+                self.label,
+                meta["compiled_ms"],
+                meta["eager_ms"],
+            )
             return
         try:
             spec_constants = lifted_constants(self.module)

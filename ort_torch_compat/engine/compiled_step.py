@@ -8,6 +8,7 @@ running statistics are copied into the state's tensors after each forward.  The 
 load through `torch._C._aoti` (part of libtorch), without importing TorchDynamo or
 TorchInductor.
 """
+
 from __future__ import annotations
 
 import base64
@@ -22,6 +23,7 @@ import torch
 def _restride(tensor: torch.Tensor, stride: Tuple[int, ...]) -> torch.Tensor:
     """A copy with the strides the backward library was built for (never expected to run)."""
     return torch.empty_strided(tensor.shape, stride, dtype=tensor.dtype, device=tensor.device).copy_(tensor)
+
 
 Observer = Callable[[torch.Tensor, torch.Tensor], None]
 
@@ -38,8 +40,9 @@ def accumulate_grad(tensor: torch.Tensor, grad: torch.Tensor, owned: bool) -> No
         tensor.grad = torch.empty_like(tensor).copy_(grad)
 
 
-def eager_train_step(function: Callable, tensors: Sequence[torch.Tensor],
-                     observe: Optional[Observer] = None) -> Sequence[torch.Tensor]:
+def eager_train_step(
+    function: Callable, tensors: Sequence[torch.Tensor], observe: Optional[Observer] = None
+) -> Sequence[torch.Tensor]:
     """`function(*tensors)` with autograd, then the backward of output 0 seeded with ones (as
     the compiled step does); `observe` through tensor hooks."""
     handles = []
@@ -85,13 +88,14 @@ class CompiledTrainStep:
         with torch.no_grad():
             outputs = self.forward_library.run([t.contiguous() for t in every])
             results = outputs[: self.num_results]
-            for index, value in zip(self.mutated, results[self.num_outputs:]):
+            for index, value in zip(self.mutated, results[self.num_outputs :]):
                 every[index].copy_(value)
             if self.grad_outputs and self.grad_outputs[0] == 0:
-                activations = outputs[self.num_results:]
+                activations = outputs[self.num_results :]
                 if self._restrided is None:  # the library lays its outputs out the same way every call
-                    self._restrided = [i for i, (a, s) in enumerate(zip(activations, self.activation_strides))
-                                       if a.stride() != s]
+                    self._restrided = [
+                        i for i, (a, s) in enumerate(zip(activations, self.activation_strides)) if a.stride() != s
+                    ]
                 for i in self._restrided:
                     activations[i] = _restride(activations[i], self.activation_strides[i])
                 del outputs
@@ -115,25 +119,40 @@ def decode_tensor(record: Dict) -> torch.Tensor:
     flat = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
     return flat.view(getattr(torch, record["dtype"])).reshape(record["shape"])
 
+
 def check_layout(meta: Dict) -> None:
     """Raise ValueError unless `meta` describes a compiled step (the manifest's digest has
     already caught damage: this catches an entry of another format or a bug)."""
-    def integers(value: object) -> bool:
-        return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                               for v in value)
 
-    if not (isinstance(meta.get("num_outputs"), int) and integers(meta.get("mutated"))
-            and integers(meta.get("grad_outputs")) and integers(meta.get("no_grad_inputs"))
-            and isinstance(meta.get("activation_strides"), list) and all(integers(s) for s in meta["activation_strides"])
-            and isinstance(meta.get("trace_constants"), list)
-            and all(isinstance(r, dict) and isinstance(r.get("dtype"), str) and integers(r.get("shape"))
-                    and isinstance(r.get("data"), str) for r in meta["trace_constants"])
-            and all(isinstance(meta.get(k), (int, float)) and not isinstance(meta.get(k), bool)
-                    for k in ("eager_ms", "compiled_ms"))
-            and {"forward.so", "backward.so"} <= set(meta.get("files", {}))):
+    def integers(value: object) -> bool:
+        return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+
+    if not (
+        isinstance(meta.get("num_outputs"), int)
+        and integers(meta.get("mutated"))
+        and integers(meta.get("grad_outputs"))
+        and integers(meta.get("no_grad_inputs"))
+        and isinstance(meta.get("activation_strides"), list)
+        and all(integers(s) for s in meta["activation_strides"])
+        and isinstance(meta.get("trace_constants"), list)
+        and all(
+            isinstance(r, dict)
+            and isinstance(r.get("dtype"), str)
+            and integers(r.get("shape"))
+            and isinstance(r.get("data"), str)
+            for r in meta["trace_constants"]
+        )
+        and all(
+            isinstance(meta.get(k), (int, float)) and not isinstance(meta.get(k), bool)
+            for k in ("eager_ms", "compiled_ms")
+        )
+        and {"forward.so", "backward.so"} <= set(meta.get("files", {}))
+    ):
         raise ValueError("the manifest does not describe a compiled train step")
 
+
 _preloaded: List[object] = []
+
 
 def preload_libraries(directory: pathlib.Path) -> None:
     """dlopen the entry's libraries (kept loaded), so that loading them again is cheap."""

@@ -4,6 +4,7 @@ ORT takes "cpu", "cuda" or "cuda:N" and raises "Unsupported device type: X" for 
 else; torch would answer with its own list of a dozen device types, none of which is the
 fix.  Other torch device strings are still accepted, for users who run on them knowingly.
 """
+
 from __future__ import annotations
 
 from typing import Union
@@ -30,11 +31,13 @@ def parse_device(device: Union[str, torch.device]) -> torch.device:
         if not torch.cuda.is_available():
             raise InvalidArgumentError(
                 f"device {str(device)!r}: CUDA is not available to this torch ({torch.__version__}, "
-                f"torch.cuda.is_available() is False). Use device=\"cpu\", or install a CUDA build of torch."
+                f'torch.cuda.is_available() is False). Use device="cpu", or install a CUDA build of torch.'
             )
         count = torch.cuda.device_count()
         if parsed.index is not None and parsed.index >= count:
-            raise InvalidArgumentError(f"device {str(device)!r}: there are {count} CUDA device(s) (cuda:0 to cuda:{count - 1}).")
+            raise InvalidArgumentError(
+                f"device {str(device)!r}: there are {count} CUDA device(s) (cuda:0 to cuda:{count - 1})."
+            )
     return parsed
 
 

@@ -13,6 +13,7 @@ Misuse raises ORT's messages verbatim (nominal state, no eval model, empty or un
 names), as RuntimeError subclasses like ORT's; an unknown name's error also lists the names
 that can be exported.
 """
+
 from __future__ import annotations
 
 import os
@@ -67,8 +68,10 @@ def _exportable_names(model: onnx.ModelProto) -> str:
         suggested = model_outputs(model, roots)
     except ModelMismatchError:
         suggested = roots
-    return (f"The eval model's outputs are {roots}, and the model outputs its loss reads are {suggested}; "
-            "any other value the eval graph computes can be exported too.")
+    return (
+        f"The eval model's outputs are {roots}, and the model outputs its loss reads are {suggested}; "
+        "any other value the eval graph computes can be exported too."
+    )
 
 
 def _output_infos(model: onnx.ModelProto, wanted: List[str]) -> List[onnx.ValueInfoProto]:
@@ -91,8 +94,10 @@ def build_inference_model(engine: TrainingEngine, graph_output_names: List[str])
     produced = {out for node in graph.node for out in node.output} | {i.name for i in graph.input}
     for name in graph_output_names:
         if name not in produced:
-            raise InvalidArgumentError(f"Expected graph output for inference graph {name} could not be found. "
-                                       f"Please regenerate the eval graph. {_exportable_names(model)}")
+            raise InvalidArgumentError(
+                f"Expected graph output for inference graph {name} could not be found. "
+                f"Please regenerate the eval graph. {_exportable_names(model)}"
+            )
     outputs = _output_infos(model, graph_output_names)
     nodes = prune_unused_outputs(ancestor_nodes(graph, graph_output_names), graph_output_names)
     used = {value for node in nodes for value in node.input} | set(graph_output_names)

@@ -5,6 +5,7 @@ The first two steps of the engine's set-up live here: `read_training_graph` /
 `classify_feeds` says how a step feeds the graph (declared parameter shapes, string inputs
 cast on the host, the shared batch dims).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,8 +51,11 @@ def training_io(model: onnx.ModelProto, state: TrainingState, name: str) -> Grap
             "buffers (make artifacts with onnxruntime.training.artifacts.generate_artifacts)"
         )
     params = [value_spec(i) for i in inputs if i.name in state.parameters]
-    users = [value_spec(i) for i in inputs if i.name not in state.parameters and i.name != RESET_INPUT
-             and not is_gradient_name(i.name)]
+    users = [
+        value_spec(i)
+        for i in inputs
+        if i.name not in state.parameters and i.name != RESET_INPUT and not is_gradient_name(i.name)
+    ]
     trained = {buf[: -len("_grad.accumulation.buffer")] for buf in grad_buffers}
     missing = sorted(trained - set(state.parameters))
     if missing:

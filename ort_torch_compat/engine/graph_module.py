@@ -5,6 +5,7 @@ inputs fed with the state's tensors); the rest of the model's values are its con
 Every caller (the training engine, the legacy session's loss model, `to_torch_module`)
 builds its graphs here, so they convert the same way.
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,8 +25,15 @@ if TYPE_CHECKING:
     import onnx
 
 
-def build_module(model: "onnx.ModelProto", io: GraphIO, label: str, fed_names: Optional[Sequence[str]] = None,
-                 gradients: str = "ort", training: bool = False, buffers: Sequence[str] = ()) -> torch.nn.Module:
+def build_module(
+    model: "onnx.ModelProto",
+    io: GraphIO,
+    label: str,
+    fed_names: Optional[Sequence[str]] = None,
+    gradients: str = "ort",
+    training: bool = False,
+    buffers: Sequence[str] = (),
+) -> torch.nn.Module:
     """A module whose forward takes `io`'s user inputs (or `fed_names`, the values fed in
     their place, such as the outputs of string Casts run on the host) then its parameters
     and returns `io.outputs`.  `gradients` and `training`: see `graph.build_graph_module`.
@@ -56,8 +64,9 @@ class ModuleRecipe:
 
     def build(self) -> torch.nn.Module:
         """The module, in training or eval mode as the recipe says (on the CPU)."""
-        module = build_module(self.model, self.io, self.label, self.fed_names, self.gradients, self.training,
-                              self.buffers)
+        module = build_module(
+            self.model, self.io, self.label, self.fed_names, self.gradients, self.training, self.buffers
+        )
         return module.train(self.training)
 
 
@@ -93,9 +102,11 @@ def direct_calls(module: torch.nn.Module) -> torch.nn.Module:
     for node in module.graph.nodes:
         target = module.get_submodule(node.target) if node.op == "call_module" else None
         if target is not None and not (target._forward_hooks or target._forward_pre_hooks):
-            env[node] = graph.call_function(_named_call(target.forward, node.target),
-                                            fx.map_arg(node.args, env.__getitem__),
-                                            fx.map_arg(node.kwargs, env.__getitem__))
+            env[node] = graph.call_function(
+                _named_call(target.forward, node.target),
+                fx.map_arg(node.args, env.__getitem__),
+                fx.map_arg(node.kwargs, env.__getitem__),
+            )
         else:
             env[node] = graph.node_copy(node, env.__getitem__)
     direct = fx.GraphModule(module, graph, class_name=type(module).__name__)
@@ -122,8 +133,11 @@ def io_for_outputs(model: "onnx.ModelProto", io: GraphIO, outputs: Sequence[str]
     if missing:
         raise ModelMismatchError(f"{label} does not compute output(s) {missing}")
     used = {name for node in ancestor_nodes(graph, outputs) for name in node.input} | set(outputs)
-    return GraphIO([spec for spec in io.user_inputs if spec.name in used],
-                   [spec for spec in io.param_inputs if spec.name in used], list(outputs))
+    return GraphIO(
+        [spec for spec in io.user_inputs if spec.name in used],
+        [spec for spec in io.param_inputs if spec.name in used],
+        list(outputs),
+    )
 
 
 @dataclass
@@ -138,20 +152,42 @@ class StepModules:
     eval_direct: Optional[torch.nn.Module]
 
 
-def build_step_modules(train: GraphFeeds, evaluation: Optional[GraphFeeds], state: TrainingState, gradients: str,
-                       device: torch.device, session_options: object) -> StepModules:
+def build_step_modules(
+    train: GraphFeeds,
+    evaluation: Optional[GraphFeeds],
+    state: TrainingState,
+    gradients: str,
+    device: torch.device,
+    session_options: object,
+) -> StepModules:
     """Convert the train graph (training mode; its frozen parameters are the buffers a
     BatchNorm may update) and the eval graph (eval mode) into modules on `device`."""
     train_io, train_label = train.graph.io, train.graph.label
-    recipe = ModuleRecipe(train.strings.model, train_io, train_label, train.strings.fed_names, gradients,
-                          training=True, buffers=tuple(frozen_parameters(train_io, state)))
+    recipe = ModuleRecipe(
+        train.strings.model,
+        train_io,
+        train_label,
+        train.strings.fed_names,
+        gradients,
+        training=True,
+        buffers=tuple(frozen_parameters(train_io, state)),
+    )
     train_module = recipe.build().to(device)
     # Eager steps run the direct-call graph; the runner keys, traces and compiles the module.
     runner = TrainStepRunner(train_module, recipe, device, session_options, eager=direct_calls(train_module))
     if evaluation is None:
         return StepModules(train_module, runner, None, None)
     eval_io = evaluation.graph.io
-    eval_module = build_module(evaluation.strings.model, eval_io, evaluation.graph.label,
-                               evaluation.strings.fed_names, gradients,
-                               buffers=frozen_parameters(eval_io, state)).to(device).eval()
+    eval_module = (
+        build_module(
+            evaluation.strings.model,
+            eval_io,
+            evaluation.graph.label,
+            evaluation.strings.fed_names,
+            gradients,
+            buffers=frozen_parameters(eval_io, state),
+        )
+        .to(device)
+        .eval()
+    )
     return StepModules(train_module, runner, eval_module, direct_calls(eval_module))

@@ -10,6 +10,7 @@ unchanged (it is the working set either way); memory freed after training is kep
 process.  Set the environment variable ORT_TORCH_COMPAT_MALLOC_TUNING=0 to leave the
 allocator alone.
 """
+
 from __future__ import annotations
 
 import ctypes

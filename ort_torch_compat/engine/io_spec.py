@@ -5,6 +5,7 @@ comparisons; like ORT there is no implicit cast, and errors say which input is w
 String inputs stay numpy arrays (torch has no string tensors) until `string_inputs`
 converts them.
 """
+
 from __future__ import annotations
 
 import functools
@@ -65,7 +66,7 @@ def torch_type_name(dtype: torch.dtype) -> str:
 @dataclass(frozen=True)
 class ValueSpec:
     name: str
-    elem_type: int                      # ONNX TensorProto data type code (0 = unknown)
+    elem_type: int  # ONNX TensorProto data type code (0 = unknown)
     shape: Optional[Tuple[Optional[int], ...]]  # None = rank unknown; None dims are symbolic
 
     @property
@@ -114,10 +115,14 @@ def check_inputs(specs: Sequence[ValueSpec], tensors: Sequence[StepInput], step:
 def _type_message(spec: ValueSpec, tensor: StepInput, strings: bool, step: str) -> str:
     """ORT's words (in ORT's type names), then what the value was and how to cast it."""
     if strings:
-        return (f"{step}: unexpected input data type for '{spec.name}'. Actual: tensor(string) (a numpy "
-                f"{tensor.dtype} array), expected: {spec.type_name}")
-    message = (f"{step}: unexpected input data type for '{spec.name}'. Actual: {torch_type_name(tensor.dtype)}, "
-               f"expected: {spec.type_name}")
+        return (
+            f"{step}: unexpected input data type for '{spec.name}'. Actual: tensor(string) (a numpy "
+            f"{tensor.dtype} array), expected: {spec.type_name}"
+        )
+    message = (
+        f"{step}: unexpected input data type for '{spec.name}'. Actual: {torch_type_name(tensor.dtype)}, "
+        f"expected: {spec.type_name}"
+    )
     if spec.dtype is not None:
         wanted = str(spec.dtype).replace("torch.", "")
         message += f"; cast it, e.g. {spec.name}.astype(numpy.{wanted}) or {spec.name}.to(torch.{wanted})"

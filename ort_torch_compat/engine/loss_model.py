@@ -8,6 +8,7 @@ engine's.  Other initializers stay constants, except those that are also graph i
 (IR < 4 style): they stay inputs, which a caller feeds with their `defaults` unless it
 overrides them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,9 +30,9 @@ class LossModel:
     """The model with its trained and overridable initializers turned into inputs."""
 
     model: onnx.ModelProto
-    io: GraphIO                           # user inputs (overridable initializers last), weights, outputs
-    state: TrainingState                  # the weights: trainable parameters, in `io`'s order
-    defaults: Dict[str, torch.Tensor]     # values of the overridable initializers
+    io: GraphIO  # user inputs (overridable initializers last), weights, outputs
+    state: TrainingState  # the weights: trainable parameters, in `io`'s order
+    defaults: Dict[str, torch.Tensor]  # values of the overridable initializers
     label: str
 
     def engine(self, device: str, use_tf32: Optional[bool] = None) -> TrainingEngine:

@@ -1,4 +1,5 @@
 """Loading ONNX artifacts from paths or bytes, with errors that name the file."""
+
 from __future__ import annotations
 
 import math
@@ -99,6 +100,7 @@ def _read_ort_format(data: bytes, role: str, name: str) -> "onnx.ModelProto":
 def _check_text(graph: "onnx.GraphProto", role: str, name: str) -> None:
     """Every name in the graph (and its subgraphs) is text: protobuf hands a damaged string
     field back as bytes, which would fail later, far from the cause."""
+
     def check(value: object, field: str) -> None:
         if not isinstance(value, str):
             raise ModelLoadError(f"{role} {name}: {field} {value!r} is not valid UTF-8 text (a damaged file)")
@@ -107,8 +109,13 @@ def _check_text(graph: "onnx.GraphProto", role: str, name: str) -> None:
     while pending:
         current = pending.pop()
         check(current.name, "graph name")
-        for info in (*current.input, *current.output, *current.value_info, *current.initializer,
-                     *current.sparse_initializer):
+        for info in (
+            *current.input,
+            *current.output,
+            *current.value_info,
+            *current.initializer,
+            *current.sparse_initializer,
+        ):
             check(getattr(info, "name", ""), "value name")
         for node in current.node:
             for field in ("name", "op_type", "domain"):
@@ -126,13 +133,17 @@ def _check_versions(model: "onnx.ModelProto", role: str, name: str) -> None:
     import onnx
 
     if model.ir_version > onnx.IR_VERSION:
-        raise ModelLoadError(f"{role} {name} has IR version {model.ir_version}; the newest the installed onnx "
-                             f"{onnx.__version__} knows is {onnx.IR_VERSION}")
+        raise ModelLoadError(
+            f"{role} {name} has IR version {model.ir_version}; the newest the installed onnx "
+            f"{onnx.__version__} knows is {onnx.IR_VERSION}"
+        )
     newest = onnx.defs.onnx_opset_version()
     for entry in model.opset_import:
         if entry.domain in ("", "ai.onnx") and entry.version > newest:
-            raise ModelLoadError(f"{role} {name} imports opset {entry.version} of the default ONNX domain; the newest "
-                                 f"the installed onnx {onnx.__version__} knows is {newest}")
+            raise ModelLoadError(
+                f"{role} {name} imports opset {entry.version} of the default ONNX domain; the newest "
+                f"the installed onnx {onnx.__version__} knows is {newest}"
+            )
 
 
 def _load_external_data(model: "onnx.ModelProto", folder: Optional[str], role: str, name: str) -> None:
@@ -153,8 +164,10 @@ def _load_external_data(model: "onnx.ModelProto", folder: Optional[str], role: s
         try:
             external_data_helper.load_external_data_for_tensor(tensor, folder)
         except (OSError, ValueError, RuntimeError, onnx.checker.ValidationError) as error:
-            raise ModelLoadError(f"{role} {name}: cannot read the external data of tensor '{tensor.name}' "
-                                 f"(relative to {folder}): {error}") from error
+            raise ModelLoadError(
+                f"{role} {name}: cannot read the external data of tensor '{tensor.name}' "
+                f"(relative to {folder}): {error}"
+            ) from error
 
 
 _FOUR_BIT_TYPES = (21, 22, 23)  # UINT4, INT4, FLOAT4E2M1: two elements per byte
@@ -176,16 +189,20 @@ def _bound_external_length(tensor: "onnx.TensorProto", folder: str, role: str, n
         return  # strings and unknown types: onnx's reader decides
     info = external_data_helper.ExternalDataInfo(tensor)
     if info.length and info.length != expected:
-        raise ModelLoadError(f"{role} {name}: tensor '{tensor.name}' declares {info.length} bytes of external data in "
-                             f"'{info.location}', but its dims {dims} and type need {expected}")
+        raise ModelLoadError(
+            f"{role} {name}: tensor '{tensor.name}' declares {info.length} bytes of external data in "
+            f"'{info.location}', but its dims {dims} and type need {expected}"
+        )
     location = os.path.join(folder, info.location)
     try:
         available = os.path.getsize(location) - (info.offset or 0)
     except OSError:
         return  # missing or refused paths: onnx's checked reader names the problem
     if available < expected:
-        raise ModelLoadError(f"{role} {name}: tensor '{tensor.name}' needs {expected} bytes of external data from "
-                             f"offset {info.offset or 0} of '{info.location}', which holds {max(available, 0)}")
+        raise ModelLoadError(
+            f"{role} {name}: tensor '{tensor.name}' needs {expected} bytes of external data from "
+            f"offset {info.offset or 0} of '{info.location}', which holds {max(available, 0)}"
+        )
     if not info.length:
         entry = next((e for e in tensor.external_data if e.key == "length"), None) or tensor.external_data.add()
         entry.key, entry.value = "length", str(expected)
@@ -225,8 +242,9 @@ def _check_initializers(model: "onnx.ModelProto", role: str, name: str) -> None:
             if have is None:
                 continue
         if have != want:
-            raise ModelLoadError(f"{role} {name}: initializer '{init.name}' declares dims {dims} ({want} elements) "
-                                 f"but holds {have:g}")
+            raise ModelLoadError(
+                f"{role} {name}: initializer '{init.name}' declares dims {dims} ({want} elements) but holds {have:g}"
+            )
 
 
 def opset_map(model: "onnx.ModelProto") -> dict:

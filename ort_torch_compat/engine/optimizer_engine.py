@@ -5,6 +5,7 @@ per-parameter moment tensors are views into them, so saving a checkpoint sees th
 moments, and a step is one fused multi-tensor kernel call per dtype group.  Moments are materialised lazily at the
 first step, as ORT does (which is what lets an optimizer exist over a nominal state).
 """
+
 from __future__ import annotations
 
 import operator
@@ -106,8 +107,17 @@ class OptimizerEngine:
                     sgd_step(params, grads, lr=lr)
                 else:
                     adamw_step(
-                        params, grads, moments[0], moments[1], lr=lr, step=fed_step, alpha=a["alpha"], beta=a["beta"],
-                        epsilon=a["epsilon"], weight_decay=a["weight_decay"], adam_mode=int(a["adam_mode"]),
+                        params,
+                        grads,
+                        moments[0],
+                        moments[1],
+                        lr=lr,
+                        step=fed_step,
+                        alpha=a["alpha"],
+                        beta=a["beta"],
+                        epsilon=a["epsilon"],
+                        weight_decay=a["weight_decay"],
+                        adam_mode=int(a["adam_mode"]),
                         correct_bias=bool(a["correct_bias"]),
                     )
             self.group.step = fed_step

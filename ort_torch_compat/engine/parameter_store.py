@@ -7,6 +7,7 @@ dropped so autograd hands over its freshly computed gradients without a copy (OR
 "overwrite"), on later steps autograd adds into them in place (ORT's "accumulate").  That
 costs no extra pass over the gradients, where a persistent zeroed buffer would cost two.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -36,7 +37,9 @@ class FlatGroup:
 class ParameterStore:
     """Owns the device copies of a state's parameters and wires them into the state."""
 
-    def __init__(self, state: TrainingState, order: Sequence[str], shapes: Dict[str, Tuple[int, ...]], device: torch.device):
+    def __init__(
+        self, state: TrainingState, order: Sequence[str], shapes: Dict[str, Tuple[int, ...]], device: torch.device
+    ):
         self.state = state
         self.device = device
         extra = [name for name in state.parameters if name not in set(order)]
@@ -128,13 +131,16 @@ class ParameterStore:
                 offset += tensor.numel()
 
 
-def bind_parameters(state: TrainingState, train_order: Sequence[str], eval_order: Sequence[str],
-                    shapes: Dict[str, Tuple[int, ...]], device: torch.device
-                    ) -> Tuple[ParameterStore, List[torch.Tensor], List[torch.Tensor]]:
+def bind_parameters(
+    state: TrainingState,
+    train_order: Sequence[str],
+    eval_order: Sequence[str],
+    shapes: Dict[str, Tuple[int, ...]],
+    device: torch.device,
+) -> Tuple[ParameterStore, List[torch.Tensor], List[torch.Tensor]]:
     """The store of `state`'s parameters on `device` (trainable ones flat, in `train_order`),
     then the tensors the train and the eval module are fed, in their graphs' parameter order.
 
     `shapes`: the training graph's declared shapes, which give a nominal parameter its size."""
     store = ParameterStore(state, train_order, shapes, device)
-    return (store, [state.parameters[n].tensor for n in train_order],
-            [state.parameters[n].tensor for n in eval_order])
+    return (store, [state.parameters[n].tensor for n in train_order], [state.parameters[n].tensor for n in eval_order])

@@ -29,6 +29,7 @@ error during the step.  Two engines stepping concurrently on different threads r
 any order; each restores what it found, so interleaved steps can leave one engine's value
 behind; run concurrent CUDA sessions with the same setting.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -144,9 +145,12 @@ def tf32_scope(tf32: bool) -> Iterator[None]:
             _restore_legacy(changed_legacy)
 
 
-def precision_of(device: torch.device, session_options: object = None,
-                 provider_options: Optional[Mapping[str, Any]] = None,
-                 use_tf32: Optional[bool] = None) -> Optional[bool]:
+def precision_of(
+    device: torch.device,
+    session_options: object = None,
+    provider_options: Optional[Mapping[str, Any]] = None,
+    use_tf32: Optional[bool] = None,
+) -> Optional[bool]:
     """The TF32 setting an engine on `device` runs its calls with, or None where nothing is
     switched (non-CUDA devices).  `use_tf32` overrides the options when not None."""
     if device.type != "cuda":

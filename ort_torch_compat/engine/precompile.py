@@ -7,6 +7,7 @@ the background compile does (`compile_build.build_entry`), in this process.  Run
 or build time on the machine (or one of the same CPU and torch) that will train; the
 `ort-torch-compat compile` command wraps it.
 """
+
 from __future__ import annotations
 
 import os
@@ -57,16 +58,22 @@ def _example(shape: Sequence[int], dtype: "np.dtype") -> np.ndarray:
     return np.ones(tuple(shape), dtype=dtype)
 
 
-def precompile(training_model: PathLike, checkpoint: PathLike, shapes: Mapping[str, Sequence[int]],
-               dtypes: Optional[Mapping[str, str]] = None, gradients: str = "ort") -> PrecompileResult:
+def precompile(
+    training_model: PathLike,
+    checkpoint: PathLike,
+    shapes: Mapping[str, Sequence[int]],
+    dtypes: Optional[Mapping[str, str]] = None,
+    gradients: str = "ort",
+) -> PrecompileResult:
     """Fill the compile cache for the train step of `training_model` fed inputs of `shapes`
     (input name -> shape; every user input of the model must be named), with `dtypes`
     (input name -> numpy dtype name) where the model does not declare one.  Set
     ORT_TORCH_COMPAT_CACHE_DIR to fill another cache than the default one."""
     if compiled.cxx_compiler() is None:
         raise InvalidArgumentError("no C++ compiler found (g++, c++ or clang++; or set CXX): nothing can be compiled")
-    engine = TrainingEngine(load_state(checkpoint), os.fspath(training_model), gradients=gradients,
-                            session_options=_CompileOff())
+    engine = TrainingEngine(
+        load_state(checkpoint), os.fspath(training_model), gradients=gradients, session_options=_CompileOff()
+    )
     declared = engine.train_io.user_inputs
     dtypes = dict(dtypes or {})
     unknown = sorted((set(shapes) | set(dtypes)) - {spec.name for spec in declared})
@@ -74,8 +81,10 @@ def precompile(training_model: PathLike, checkpoint: PathLike, shapes: Mapping[s
     if unknown or missing:
         raise InvalidArgumentError(
             f"the training model's inputs are {[spec.name for spec in declared]}: "
-            + (f"unknown input(s) {unknown}" if unknown else "") + ("; " if unknown and missing else "")
-            + (f"give a shape for {missing}" if missing else ""))
+            + (f"unknown input(s) {unknown}" if unknown else "")
+            + ("; " if unknown and missing else "")
+            + (f"give a shape for {missing}" if missing else "")
+        )
     inputs = []
     for spec in declared:
         if spec.name in dtypes:

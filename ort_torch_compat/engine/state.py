@@ -10,6 +10,7 @@ holds it while it copies the state into a record.  So a save from another thread
 the state between two such calls: one consistent step, with the step count that matches the
 parameters.  Training the same state from two threads at once is not supported (as in ORT).
 """
+
 from __future__ import annotations
 
 import threading

@@ -5,6 +5,7 @@ step fails on the CPU, the forward pass is replayed node by node (only then, so 
 nothing) to find the failing operator and the user inputs it reads.  On an accelerator the
 error names the step's inputs only: kernels there report errors asynchronously.
 """
+
 from __future__ import annotations
 
 import re
@@ -58,8 +59,9 @@ def _inputs_read(node: fx.Node, user_inputs: dict) -> List[str]:
     return sorted(found, key=list(user_inputs.values()).index)
 
 
-def raise_explained(error: Exception, module: torch.nn.Module, args: Sequence[torch.Tensor],
-                    user_input_names: Sequence[str], step: str) -> NoReturn:
+def raise_explained(
+    error: Exception, module: torch.nn.Module, args: Sequence[torch.Tensor], user_input_names: Sequence[str], step: str
+) -> NoReturn:
     """Re-raise `error` (raised by `module(*args)`) as InvalidInputError naming the operator and
     the user inputs it reads, chained to it; errors that are not about the inputs as they are."""
     explained = _explain(error, module, args, user_input_names, step)
@@ -68,10 +70,12 @@ def raise_explained(error: Exception, module: torch.nn.Module, args: Sequence[to
     raise explained from error
 
 
-def _explain(error: Exception, module: torch.nn.Module, args: Sequence[torch.Tensor],
-             user_input_names: Sequence[str], step: str) -> Optional[InvalidInputError]:
+def _explain(
+    error: Exception, module: torch.nn.Module, args: Sequence[torch.Tensor], user_input_names: Sequence[str], step: str
+) -> Optional[InvalidInputError]:
     if isinstance(error, (OrtTorchCompatError,) + _NOT_INPUT_ERRORS) or not isinstance(
-            error, (RuntimeError, IndexError, ValueError, TypeError)):
+        error, (RuntimeError, IndexError, ValueError, TypeError)
+    ):
         return None
     devices = sorted({str(arg.device) for arg in args if arg.device.type != "cpu"})
     node = None if devices else _failing_node(module, args)
@@ -86,6 +90,11 @@ def _explain(error: Exception, module: torch.nn.Module, args: Sequence[torch.Ten
     match = _OP_FROM_MODULE.match(str(node.target)) if node.op == "call_module" else None
     operator = f"operator {match.group('op')}" if match else f"node {node.name}"
     read = _inputs_read(node, user_inputs)
-    culprit = (f"input '{read[0]}'" if len(read) == 1
-               else "inputs " + ", ".join(f"'{name}'" for name in read) if read else "no user input")
+    culprit = (
+        f"input '{read[0]}'"
+        if len(read) == 1
+        else "inputs " + ", ".join(f"'{name}'" for name in read)
+        if read
+        else "no user input"
+    )
     return InvalidInputError(f"{step} failed in {operator}, which reads {culprit}; check its values. {reason}")

@@ -9,6 +9,7 @@ valid prefix parsed, hexadecimal floats, inf and nan accepted, out-of-range valu
 refused, integers wrapped to narrower types).  A string input that feeds anything other
 than a numeric Cast is refused when the Module is created, naming the input.
 """
+
 from __future__ import annotations
 
 import re
@@ -154,8 +155,13 @@ class StringCasts:
             if spec.elem_type != STRING:
                 continue
             readers = [node for node in model.graph.node if spec.name in node.input]
-            others = sorted({f"{node.domain or 'ai.onnx'}::{node.op_type}" for node in readers
-                             if node.op_type != "Cast" or node.domain not in ("", "ai.onnx")})
+            others = sorted(
+                {
+                    f"{node.domain or 'ai.onnx'}::{node.op_type}"
+                    for node in readers
+                    if node.op_type != "Cast" or node.domain not in ("", "ai.onnx")
+                }
+            )
             if others or spec.name in graph_outputs:
                 used_by = others + (["a graph output"] if spec.name in graph_outputs else [])
                 raise ModelLoadError(
@@ -181,8 +187,11 @@ class StringCasts:
             kept = [node for node in model.graph.node if node not in removed]
             del self.model.graph.node[:]
             self.model.graph.node.extend(kept)
-        fed = [(name, spec.name) for position, spec in enumerate(user_inputs)
-               for name in ([out for out, _ in self._plan[position]] if position in self._plan else [spec.name])]
+        fed = [
+            (name, spec.name)
+            for position, spec in enumerate(user_inputs)
+            for name in ([out for out, _ in self._plan[position]] if position in self._plan else [spec.name])
+        ]
         self.fed_names = [name for name, _ in fed]
         self.fed_from = [source for _, source in fed]  # the user input each fed value comes from
         self._names = [spec.name for spec in user_inputs]

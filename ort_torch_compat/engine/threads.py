@@ -27,6 +27,7 @@ more threads is put off while the load average says the cores it needs are busy.
 Results may differ in the last bits between thread counts (reductions split differently),
 within float32 rounding; fix the count for bit-for-bit reproducible runs.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -6,6 +6,7 @@ modules once, feeds them the state's parameter views, and implements ORT's Train
 EvalStep / LazyResetGrad semantics: the first train step after a reset overwrites the
 gradients, later ones accumulate (InPlaceAccumulatorV2), eval never touches them.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
@@ -61,13 +62,22 @@ class TrainingEngine:
         session_options: object = None,
         use_tf32: Optional[bool] = None,
     ):
-        self._setup(state, read_training_graph(train_model, state), eval_model, device, gradients, session_options,
-                    use_tf32)
+        self._setup(
+            state, read_training_graph(train_model, state), eval_model, device, gradients, session_options, use_tf32
+        )
 
     @classmethod
-    def over_graph(cls, state: TrainingState, model: onnx.ModelProto, io: GraphIO, label: str,
-                   device: str = "cpu", gradients: str = "ort", session_options: object = None,
-                   use_tf32: Optional[bool] = None) -> "TrainingEngine":
+    def over_graph(
+        cls,
+        state: TrainingState,
+        model: onnx.ModelProto,
+        io: GraphIO,
+        label: str,
+        device: str = "cpu",
+        gradients: str = "ort",
+        session_options: object = None,
+        use_tf32: Optional[bool] = None,
+    ) -> "TrainingEngine":
         """An engine over any model whose inputs `io` already classifies (`io.outputs[0]` is the
         loss), with no eval model: the entry point for models that are not ORT training
         artifacts, such as the legacy session's loss-in-graph model (see `loss_model.py`)."""
@@ -75,8 +85,16 @@ class TrainingEngine:
         engine._setup(state, ModelGraph(model, io, label), None, device, gradients, session_options, use_tf32)
         return engine
 
-    def _setup(self, state: TrainingState, train: ModelGraph, eval_model: Optional[ModelSource], device: str,
-               gradients: str, session_options: object, use_tf32: Optional[bool] = None) -> None:
+    def _setup(
+        self,
+        state: TrainingState,
+        train: ModelGraph,
+        eval_model: Optional[ModelSource],
+        device: str,
+        gradients: str,
+        session_options: object,
+        use_tf32: Optional[bool] = None,
+    ) -> None:
         """The set-up after the training graph is read: the settings, then one pass of the
         pipeline read graph -> classify feeds -> build modules -> bind parameters."""
         self._configure(state, device, gradients, session_options, use_tf32)
@@ -84,8 +102,12 @@ class TrainingEngine:
         train_feeds, eval_feeds = classify_feeds(train, state), classify_feeds(evaluation, state)
         modules = build_step_modules(train_feeds, eval_feeds, state, gradients, self.device, session_options)
         self.store, self._train_params, self._eval_params = bind_parameters(
-            state, train.io.param_names(), evaluation.io.param_names() if evaluation else [], train_feeds.shapes,
-            self.device)
+            state,
+            train.io.param_names(),
+            evaluation.io.param_names() if evaluation else [],
+            train_feeds.shapes,
+            self.device,
+        )
 
         self.train_label, self.train_io = train.label, train.io
         self.train_strings, self._train_batch = train_feeds.strings, train_feeds.batch
@@ -99,8 +121,9 @@ class TrainingEngine:
         self._accumulate = False
         self._checked: Dict[str, tuple] = {}  # step -> signature of the last inputs that passed the checks
 
-    def _configure(self, state: TrainingState, device: str, gradients: str, session_options: object,
-                   use_tf32: Optional[bool]) -> None:
+    def _configure(
+        self, state: TrainingState, device: str, gradients: str, session_options: object, use_tf32: Optional[bool]
+    ) -> None:
         """The engine's settings: gradient mode, device, thread policy and (CUDA) precision."""
         from ..graph import GRADIENT_MODES  # onnx2torch and the converters: with the first model
 
@@ -118,8 +141,9 @@ class TrainingEngine:
         tune_host_allocator()
 
     # ---- steps -----------------------------------------------------------------------
-    def _feeds(self, inputs: Sequence[StepInput], io: GraphIO, batch: BatchCheck, strings: StringCasts,
-               step: str) -> List[torch.Tensor]:
+    def _feeds(
+        self, inputs: Sequence[StepInput], io: GraphIO, batch: BatchCheck, strings: StringCasts, step: str
+    ) -> List[torch.Tensor]:
         """The module's user feeds on this device, after the checks ORT makes (types, fixed
         dims, one batch size); string inputs parsed by their Cast nodes.
 
@@ -151,8 +175,9 @@ class TrainingEngine:
     def train_tensors(self, inputs: Sequence[StepInput]) -> List[torch.Tensor]:
         """What a train step with `inputs` feeds the train module (and its compiled form): the
         checked user feeds, then the parameters."""
-        return self._feeds(inputs, self.train_io, self._train_batch, self.train_strings, "train step") + \
-            self._train_params
+        return (
+            self._feeds(inputs, self.train_io, self._train_batch, self.train_strings, "train step") + self._train_params
+        )
 
     @threaded(lambda engine: engine.threads, measure=lambda engine: engine.train_runner.path)
     def train_step(self, inputs: Sequence[StepInput], observe: Optional[Observer] = None) -> List[torch.Tensor]:
@@ -175,8 +200,9 @@ class TrainingEngine:
                         tensor.grad = grad
                 if not isinstance(error, Exception):
                     raise
-                raise_explained(error, self.train_module, [*feeds, *self._train_params], self.train_strings.fed_from,
-                                "train step")
+                raise_explained(
+                    error, self.train_module, [*feeds, *self._train_params], self.train_strings.fed_from, "train step"
+                )
             if not self._accumulate:
                 self.store.fill_missing_grads()
         self._accumulate = True
@@ -193,14 +219,17 @@ class TrainingEngine:
             with torch.no_grad():
                 return list(self._eval_direct(*feeds, *self._eval_params))
         except Exception as error:
-            raise_explained(error, self.eval_module, [*feeds, *self._eval_params], self.eval_strings.fed_from,
-                            "eval step")
+            raise_explained(
+                error, self.eval_module, [*feeds, *self._eval_params], self.eval_strings.fed_from, "eval step"
+            )
 
     def lazy_reset_grad(self) -> None:
         """Schedule the next train step to overwrite (not add to) the gradients."""
         self._accumulate = False
 
-    def train_step_with_gradients(self, inputs: Sequence[torch.Tensor]) -> Tuple[List[torch.Tensor], Dict[str, torch.Tensor]]:
+    def train_step_with_gradients(
+        self, inputs: Sequence[torch.Tensor]
+    ) -> Tuple[List[torch.Tensor], Dict[str, torch.Tensor]]:
         """`train_step`, also returning this step's own gradient of every trainable parameter
         by name (not the accumulated sum; zeros where the loss does not reach a parameter)."""
         index_of = {id(tensor): i for i, tensor in enumerate(self.store.trainable)}
@@ -211,8 +240,10 @@ class TrainingEngine:
                 captured[index_of[id(tensor)]] = grad.detach().clone()
 
         outputs = self.train_step(inputs, keep)
-        grads = {name: captured[i] if i in captured else torch.zeros_like(tensor)
-                 for i, (name, tensor) in enumerate(zip(self.store.trainable_names, self.store.trainable))}
+        grads = {
+            name: captured[i] if i in captured else torch.zeros_like(tensor)
+            for i, (name, tensor) in enumerate(zip(self.store.trainable_names, self.store.trainable))
+        }
         return outputs, grads
 
     def gradients(self) -> Dict[str, torch.Tensor]:

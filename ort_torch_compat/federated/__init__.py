@@ -6,6 +6,7 @@ Flower's strategies (FedAvg by default, wrapped by `CheckpointStrategy`) on the 
 starts from an ORT checkpoint and writes the global model as an ORT checkpoint every round.
 `run_simulation` runs a federation in one process.  See docs/federated.md.
 """
+
 try:
     from flwr import __version__ as FLWR_VERSION
 except ImportError as error:  # pragma: no cover  (exercised by tests in a subprocess)
@@ -21,6 +22,15 @@ from .simulation import InProcessBackend, run_simulation  # noqa: E402
 
 __all__ = [
     "FLWR_VERSION",
-    "ArtifactPaths", "OrtClient", "client_app", "ort_client_app", "ParameterSpec", "PARAM_NAMES_KEY",
-    "CheckpointStrategy", "RejectedUpdate", "server_app", "InProcessBackend", "run_simulation",
+    "ArtifactPaths",
+    "OrtClient",
+    "client_app",
+    "ort_client_app",
+    "ParameterSpec",
+    "PARAM_NAMES_KEY",
+    "CheckpointStrategy",
+    "RejectedUpdate",
+    "server_app",
+    "InProcessBackend",
+    "run_simulation",
 ]

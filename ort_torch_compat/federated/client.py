@@ -6,6 +6,7 @@ learning rate the server chose (`Optimizer.set_learning_rate`), train `local_epo
 the local data, and send the trainable parameters back with the number of examples they were
 trained on.  `evaluate` runs the eval model on the local evaluation data.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,9 +32,15 @@ CLIENT_ID_KEY = "client_id"
 class ArtifactPaths:
     """The four files of ORT training artifacts (generate_artifacts' names by default)."""
 
-    def __init__(self, directory: Union[str, os.PathLike], *, checkpoint: str = "checkpoint",
-                 training_model: str = "training_model.onnx", eval_model: str = "eval_model.onnx",
-                 optimizer_model: str = "optimizer_model.onnx"):
+    def __init__(
+        self,
+        directory: Union[str, os.PathLike],
+        *,
+        checkpoint: str = "checkpoint",
+        training_model: str = "training_model.onnx",
+        eval_model: str = "eval_model.onnx",
+        optimizer_model: str = "optimizer_model.onnx",
+    ):
         root = pathlib.Path(directory)
         self.checkpoint = root / checkpoint
         self.training_model = root / training_model
@@ -63,9 +70,18 @@ class OrtClient(NumPyClient):
     trained state of each round, `<dir>/round_<r>/client_<id>/checkpoint` (with optimizer state).
     """
 
-    def __init__(self, artifacts: Union[str, os.PathLike, ArtifactPaths], train_data: Arrays,
-                 eval_data: Optional[Arrays] = None, *, batch_size: int = 32, client_id: Union[int, str] = 0,
-                 checkpoint_dir: Optional[Union[str, os.PathLike]] = None, seed: int = 0, device: str = "cpu"):
+    def __init__(
+        self,
+        artifacts: Union[str, os.PathLike, ArtifactPaths],
+        train_data: Arrays,
+        eval_data: Optional[Arrays] = None,
+        *,
+        batch_size: int = 32,
+        client_id: Union[int, str] = 0,
+        checkpoint_dir: Optional[Union[str, os.PathLike]] = None,
+        seed: int = 0,
+        device: str = "cpu",
+    ):
         self.paths = artifacts if isinstance(artifacts, ArtifactPaths) else ArtifactPaths(artifacts)
         self.train_data = [np.asarray(a) for a in train_data]
         self.eval_data = None if eval_data is None else [np.asarray(a) for a in eval_data]
@@ -112,7 +128,7 @@ class OrtClient(NumPyClient):
         for _ in range(epochs):
             order = rng.permutation(self.num_train)
             for start in range(0, self.num_train, self.batch_size):
-                index = order[start:start + self.batch_size]
+                index = order[start : start + self.batch_size]
                 loss = self.module(*[a[index] for a in self.train_data])
                 self.optimizer.step()
                 self.module.lazy_reset_grad()
@@ -121,8 +137,11 @@ class OrtClient(NumPyClient):
         if self.checkpoint_dir is not None:
             path = self.checkpoint_dir / f"round_{server_round}" / f"client_{self.client_id}" / "checkpoint"
             write_checkpoint(self.state, path, include_optimizer_state=True)
-        metrics = {PARAM_NAMES_KEY: self.spec.names_json(), CLIENT_ID_KEY: str(self.client_id),
-                   "train_loss": total / max(seen, 1)}
+        metrics = {
+            PARAM_NAMES_KEY: self.spec.names_json(),
+            CLIENT_ID_KEY: str(self.client_id),
+            "train_loss": total / max(seen, 1),
+        }
         return trainable_arrays(self.state, self.spec), self.num_train, metrics
 
     def evaluate(self, parameters: Arrays, config: Dict) -> Tuple[float, int, Dict]:
@@ -132,7 +151,7 @@ class OrtClient(NumPyClient):
         self.module.eval()
         total = 0.0
         for start in range(0, self.num_eval, self.batch_size):
-            batch = [a[start:start + self.batch_size] for a in self.eval_data]
+            batch = [a[start : start + self.batch_size] for a in self.eval_data]
             total += _loss(self.module(*batch)) * len(batch[0])
         return total / self.num_eval, self.num_eval, {CLIENT_ID_KEY: str(self.client_id)}
 
@@ -150,8 +169,11 @@ def client_app(client_fn: Callable[..., NumPyClient]):
     return ClientApp(client_fn=_client_fn)
 
 
-def ort_client_app(artifacts: Union[str, os.PathLike, ArtifactPaths],
-                   data_fn: Callable[..., Tuple[Arrays, Optional[Arrays]]], **client_kwargs):
+def ort_client_app(
+    artifacts: Union[str, os.PathLike, ArtifactPaths],
+    data_fn: Callable[..., Tuple[Arrays, Optional[Arrays]]],
+    **client_kwargs,
+):
     """The usual `ClientApp`: `data_fn(context)` returns the node's (train_data, eval_data);
     the client id is the node's partition-id (its node id when it has none)."""
 

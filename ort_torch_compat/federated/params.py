@@ -10,6 +10,7 @@ update.  The global model is written with this library's checkpoint writer, so t
 onnxruntime-training 1.19.2's format; it carries no optimizer state, so a device that resumes
 from it starts its optimizer afresh, as ORT does with such a checkpoint.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,11 +34,16 @@ class ParameterSpec:
     @classmethod
     def from_state(cls, state) -> "ParameterSpec":
         """From a `CheckpointState` (ours): its trainable parameters, in ORT's parameter order."""
-        slots = [slot for slot in (state._state.parameter(n) for n in state._state.sorted_names()) if slot.requires_grad]
+        slots = [
+            slot for slot in (state._state.parameter(n) for n in state._state.sorted_names()) if slot.requires_grad
+        ]
         if not slots:
             raise ValueError("the checkpoint has no trainable parameters: there is nothing to federate")
-        return cls(tuple(s.name for s in slots), tuple(tuple(s.tensor.shape) for s in slots),
-                   tuple(np.dtype(s.numpy_dtype) for s in slots))
+        return cls(
+            tuple(s.name for s in slots),
+            tuple(tuple(s.tensor.shape) for s in slots),
+            tuple(np.dtype(s.numpy_dtype) for s in slots),
+        )
 
     def names_json(self) -> str:
         return json.dumps(list(self.names))

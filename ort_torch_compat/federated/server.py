@@ -15,6 +15,7 @@ default, and leaves the aggregation to it.  What it adds:
   a fresh optimizer), beside ``num_examples.json`` (the accepted clients' example counts) and
   ``metrics.json``.  A non-finite aggregate is never written: the previous global model stays.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,13 +57,23 @@ class RejectedUpdate(Exception):
 class CheckpointStrategy(Strategy):
     """Flower strategy wrapper: ORT checkpoint in, checked updates, ORT checkpoint out per round."""
 
-    def __init__(self, checkpoint: Union[str, os.PathLike], out_dir: Optional[Union[str, os.PathLike]] = None,
-                 strategy: Optional[Strategy] = None, *, local_epochs: int = 1, learning_rate: Optional[float] = None):
+    def __init__(
+        self,
+        checkpoint: Union[str, os.PathLike],
+        out_dir: Optional[Union[str, os.PathLike]] = None,
+        strategy: Optional[Strategy] = None,
+        *,
+        local_epochs: int = 1,
+        learning_rate: Optional[float] = None,
+    ):
         self.state = CheckpointState.load_checkpoint(checkpoint)
         self.spec = ParameterSpec.from_state(self.state)
         self.out_dir = None if out_dir is None else pathlib.Path(out_dir)
-        self.inner = strategy if strategy is not None else FedAvg(min_fit_clients=1, min_evaluate_clients=1,
-                                                                 min_available_clients=1)
+        self.inner = (
+            strategy
+            if strategy is not None
+            else FedAvg(min_fit_clients=1, min_evaluate_clients=1, min_available_clients=1)
+        )
         self.local_epochs = int(local_epochs)
         self.learning_rate = learning_rate
         self.current: Parameters = ndarrays_to_parameters(trainable_arrays(self.state, self.spec))
@@ -79,23 +90,29 @@ class CheckpointStrategy(Strategy):
         return self.current
 
     def _config(self, server_round: int) -> Dict[str, Scalar]:
-        config: Dict[str, Scalar] = {PARAM_NAMES_KEY: self.spec.names_json(), ROUND_KEY: server_round,
-                                     EPOCHS_KEY: self.local_epochs}
+        config: Dict[str, Scalar] = {
+            PARAM_NAMES_KEY: self.spec.names_json(),
+            ROUND_KEY: server_round,
+            EPOCHS_KEY: self.local_epochs,
+        }
         if self.learning_rate is not None:
             config[LR_KEY] = float(self.learning_rate)
         return config
 
-    def configure_fit(self, server_round: int, parameters: Parameters,
-                      client_manager: ClientManager) -> List[Tuple[ClientProxy, FitIns]]:
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> List[Tuple[ClientProxy, FitIns]]:
         self.current = parameters
         pairs = self.inner.configure_fit(server_round, parameters, client_manager)
         return [(proxy, FitIns(ins.parameters, {**ins.config, **self._config(server_round)})) for proxy, ins in pairs]
 
-    def configure_evaluate(self, server_round: int, parameters: Parameters,
-                           client_manager: ClientManager) -> List[Tuple[ClientProxy, EvaluateIns]]:
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> List[Tuple[ClientProxy, EvaluateIns]]:
         pairs = self.inner.configure_evaluate(server_round, parameters, client_manager)
-        return [(proxy, EvaluateIns(ins.parameters, {**ins.config, **self._config(server_round)}))
-                for proxy, ins in pairs]
+        return [
+            (proxy, EvaluateIns(ins.parameters, {**ins.config, **self._config(server_round)})) for proxy, ins in pairs
+        ]
 
     # ---- updates ----------------------------------------------------------------------------
     def _check(self, proxy: ClientProxy, res: FitRes) -> Optional[str]:
@@ -107,8 +124,12 @@ class CheckpointStrategy(Strategy):
             return f"num_examples must be a positive int, got {res.num_examples!r}"
         return self.spec.check(res.metrics.get(PARAM_NAMES_KEY), arrays)
 
-    def aggregate_fit(self, server_round: int, results: List[Tuple[ClientProxy, FitRes]],
-                      failures: List[Union[Tuple[ClientProxy, FitRes], BaseException]]):
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: List[Tuple[ClientProxy, FitRes]],
+        failures: List[Union[Tuple[ClientProxy, FitRes], BaseException]],
+    ):
         accepted, failures = [], list(failures)
         for proxy, res in results:
             client_id = str(res.metrics.get(CLIENT_ID_KEY, proxy.cid))
@@ -125,14 +146,16 @@ class CheckpointStrategy(Strategy):
             if isinstance(failure, BaseException):
                 logger.warning("round %d: a client failed: %r", server_round, failure)
             else:  # (proxy, FitRes) with a non-OK status
-                logger.warning("round %d: client %s failed: %s", server_round, failure[0].cid,
-                               failure[1].status.message)
+                logger.warning(
+                    "round %d: client %s failed: %s", server_round, failure[0].cid, failure[1].status.message
+                )
         parameters, metrics = self.inner.aggregate_fit(server_round, accepted, failures) if accepted else (None, {})
         if parameters is not None:
             problem = self.spec.check_arrays(parameters_to_ndarrays(parameters))
             if problem:
-                logger.error("round %d: the aggregate is unusable (%s); keeping the previous global model",
-                             server_round, problem)
+                logger.error(
+                    "round %d: the aggregate is unusable (%s); keeping the previous global model", server_round, problem
+                )
                 parameters = None
         if parameters is None:
             logger.warning("round %d: no aggregate; the global model is unchanged", server_round)
@@ -155,8 +178,12 @@ class CheckpointStrategy(Strategy):
         (round_dir / "rejected.json").write_text(json.dumps(rejected, indent=1))
 
     # ---- evaluation -------------------------------------------------------------------------
-    def aggregate_evaluate(self, server_round: int, results: List[Tuple[ClientProxy, EvaluateRes]],
-                           failures: List[Union[Tuple[ClientProxy, EvaluateRes], BaseException]]):
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: List[Tuple[ClientProxy, EvaluateRes]],
+        failures: List[Union[Tuple[ClientProxy, EvaluateRes], BaseException]],
+    ):
         loss, metrics = self.inner.aggregate_evaluate(server_round, results, failures)
         if loss is not None:
             self.eval_losses[server_round] = float(loss)
@@ -170,10 +197,17 @@ class CheckpointStrategy(Strategy):
         return self.inner.evaluate(server_round, parameters)
 
 
-def server_app(checkpoint: Union[str, os.PathLike, None] = None, out_dir: Union[str, os.PathLike, None] = None, *,
-               num_rounds: int = 3, strategy_fn: Optional[Callable[[], Strategy]] = None, local_epochs: int = 1,
-               learning_rate: Optional[float] = None, round_timeout: Optional[float] = None,
-               on_strategy: Optional[Callable[[CheckpointStrategy], None]] = None):
+def server_app(
+    checkpoint: Union[str, os.PathLike, None] = None,
+    out_dir: Union[str, os.PathLike, None] = None,
+    *,
+    num_rounds: int = 3,
+    strategy_fn: Optional[Callable[[], Strategy]] = None,
+    local_epochs: int = 1,
+    learning_rate: Optional[float] = None,
+    round_timeout: Optional[float] = None,
+    on_strategy: Optional[Callable[[CheckpointStrategy], None]] = None,
+):
     """A Flower `ServerApp` over an ORT checkpoint.
 
     Arguments left as None are read from the run config (``flwr run``'s
@@ -201,11 +235,14 @@ def server_app(checkpoint: Union[str, os.PathLike, None] = None, out_dir: Union[
         else:
             clients = int(run.get("min-clients", 1))
             inner = FedAvg(min_fit_clients=clients, min_evaluate_clients=clients, min_available_clients=clients)
-        strategy = CheckpointStrategy(ckpt, out, inner, local_epochs=epochs,
-                                      learning_rate=None if lr is None else float(lr))
+        strategy = CheckpointStrategy(
+            ckpt, out, inner, local_epochs=epochs, learning_rate=None if lr is None else float(lr)
+        )
         if on_strategy is not None:
             on_strategy(strategy)
-        return ServerAppComponents(strategy=strategy, config=ServerConfig(
-            num_rounds=rounds, round_timeout=None if timeout is None else float(timeout)))
+        return ServerAppComponents(
+            strategy=strategy,
+            config=ServerConfig(num_rounds=rounds, round_timeout=None if timeout is None else float(timeout)),
+        )
 
     return ServerApp(server_fn=server_fn)

@@ -8,6 +8,7 @@ of processes per run).  `run_simulation` here runs the same Simulation Runtime w
 ClientApp in the calling process, one message at a time: Flower's message routing, failure
 handling and strategies are all unchanged.  ``backend="ray"`` runs Flower's own Ray backend.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -70,8 +71,15 @@ def _in_process_backend():
             sys.modules[_RAY_BACKEND_MODULE] = saved
 
 
-def run_simulation(server_app, client_app: ClientApp, num_supernodes: int, *, backend: str = "inprocess",
-                   backend_config: Optional[Dict] = None, verbose_logging: bool = False) -> None:
+def run_simulation(
+    server_app,
+    client_app: ClientApp,
+    num_supernodes: int,
+    *,
+    backend: str = "inprocess",
+    backend_config: Optional[Dict] = None,
+    verbose_logging: bool = False,
+) -> None:
     """Run `server_app` with `num_supernodes` simulated nodes of `client_app` (Flower's Simulation
     Runtime).  ``backend="inprocess"`` (default) needs no Ray; ``"ray"`` is Flower's own."""
     import warnings
@@ -83,6 +91,11 @@ def run_simulation(server_app, client_app: ClientApp, num_supernodes: int, *, ba
     context = _in_process_backend() if backend == "inprocess" else contextlib.nullcontext()
     with context, warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        flwr_run_simulation(server_app=server_app, client_app=client_app, num_supernodes=num_supernodes,
-                            backend_name=backend, backend_config=backend_config or {},
-                            verbose_logging=verbose_logging)
+        flwr_run_simulation(
+            server_app=server_app,
+            client_app=client_app,
+            num_supernodes=num_supernodes,
+            backend_name=backend,
+            backend_config=backend_config or {},
+            verbose_logging=verbose_logging,
+        )

@@ -3,6 +3,7 @@
 ``add_gradient_graph(model, requires_grad, loss_name)`` is the entry point; ``ops/`` holds
 one module of gradient builders per op family, registered in ``registry``.
 """
+
 from typing import List, Tuple
 
 from . import gradient_registry

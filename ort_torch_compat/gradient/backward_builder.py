@@ -11,6 +11,7 @@ graph outputs ``<param>_grad``.
 Every problem (unknown ops on the path, unsupported configurations, parameters that do
 not reach the loss) is raised before the model is touched further, naming all culprits.
 """
+
 from __future__ import annotations
 
 from collections import Counter, defaultdict
@@ -27,8 +28,13 @@ from .gradient_registry import GradientBuilder, lookup
 from .graph_index import GraphIndex
 
 ORT_DOMAINS = (
-    ("ai.onnx.ml", 5), ("ai.onnx.training", 1), ("ai.onnx.preview.training", 1), ("com.microsoft", 1),
-    ("com.microsoft.experimental", 1), ("com.microsoft.nchwc", 1), ("org.pytorch.aten", 1),
+    ("ai.onnx.ml", 5),
+    ("ai.onnx.training", 1),
+    ("ai.onnx.preview.training", 1),
+    ("com.microsoft", 1),
+    ("com.microsoft.experimental", 1),
+    ("com.microsoft.nchwc", 1),
+    ("org.pytorch.aten", 1),
 )
 
 
@@ -44,7 +50,8 @@ def add_gradient_graph(model: onnx.ModelProto, requires_grad: Sequence[str], los
     not_inputs = [p for p in requires_grad if p not in input_names]
     if not_inputs:
         raise ArtifactGenerationError(
-            f"requires_grad names {not_inputs} are not parameters of the model (no initializer has that name)")
+            f"requires_grad names {not_inputs} are not parameters of the model (no initializer has that name)"
+        )
     forward.rewrite_for_training(index)
     _Autodiff(index, list(requires_grad), loss_name).run()
     graph.node.extend(index.new_nodes)
@@ -109,12 +116,20 @@ class _Autodiff:
         if unreachable:
             raise ArtifactGenerationError(
                 f"Cannot compute the partial derivative for {unreachable} as they are unreachable from the "
-                f"loss output {self.loss_name!r}")
+                f"loss output {self.loss_name!r}"
+            )
         needs = from_params & to_loss
         backward = [p for p, node in enumerate(self.nodes) if any(o in needs for o in node.output)]
-        missing = [("ai.onnx" if self.nodes[p].domain in ("", "ai.onnx") else self.nodes[p].domain,
-                    self.nodes[p].op_type, self.display_names[p], "no gradient builder")
-                   for p in backward if self.builders[p] is None]
+        missing = [
+            (
+                "ai.onnx" if self.nodes[p].domain in ("", "ai.onnx") else self.nodes[p].domain,
+                self.nodes[p].op_type,
+                self.display_names[p],
+                "no gradient builder",
+            )
+            for p in backward
+            if self.builders[p] is None
+        ]
         if missing:
             raise UnsupportedGradientError(missing)
 
@@ -129,8 +144,9 @@ class _Autodiff:
         problems = []
         for position in reversed(backward):
             node = self.nodes[position]
-            output_grads = [seed if o == self.loss_name else (self._finish(o) if o in needs else "")
-                            for o in node.output]
+            output_grads = [
+                seed if o == self.loss_name else (self._finish(o) if o in needs else "") for o in node.output
+            ]
             input_grads = [""] * len(node.input)
             for i in required[position]:
                 input_grads[i] = self._contribution_name(node.input[i])
@@ -155,7 +171,8 @@ class _Autodiff:
         if tensor in self.requires_grad:
             if wanted in self.index.taken:
                 raise ArtifactGenerationError(
-                    f"the model already has a tensor named {wanted!r}, the name of parameter {tensor!r}'s gradient")
+                    f"the model already has a tensor named {wanted!r}, the name of parameter {tensor!r}'s gradient"
+                )
             self.index.reserve(wanted)
             return wanted
         return self.index.unique(wanted)
@@ -174,8 +191,9 @@ class _Autodiff:
         final = self.final_names[tensor]
         parts = self.pending.pop(tensor, None)
         if parts is not None and len(parts) > 1:
-            self.index.new_nodes.append(onnx.helper.make_node(
-                "Sum", parts, [final], name=self.index.unique(f"AccumulateGrad_{tensor}")))
+            self.index.new_nodes.append(
+                onnx.helper.make_node("Sum", parts, [final], name=self.index.unique(f"AccumulateGrad_{tensor}"))
+            )
         return final
 
     def _loss_seed(self) -> str:
@@ -188,7 +206,9 @@ class _Autodiff:
             return name
         dims = self.index.unique(f"{self.loss_name}_shape")
         self.index.new_nodes.append(onnx.helper.make_node("Shape", [self.loss_name], [dims], name=dims))
-        self.index.new_nodes.append(onnx.helper.make_node(
-            "ConstantOfShape", [dims], [name], name=name,
-            value=numpy_helper.from_array(np.ones([1], dtype=dtype))))
+        self.index.new_nodes.append(
+            onnx.helper.make_node(
+                "ConstantOfShape", [dims], [name], name=name, value=numpy_helper.from_array(np.ones([1], dtype=dtype))
+            )
+        )
         return name

@@ -7,6 +7,7 @@ that input needs none), ``IA(x)`` a fresh intermediate name.  Emitted nodes are 
 ``<forward node>_Grad/<Op>_<k>``, so every backward node says which forward node it came
 from.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Sequence
@@ -21,8 +22,14 @@ MS_DOMAIN = "com.microsoft"
 
 
 class GradientContext:
-    def __init__(self, index: GraphIndex, node: onnx.NodeProto, node_name: str,
-                 output_grads: Sequence[str], input_grads: Sequence[str]):
+    def __init__(
+        self,
+        index: GraphIndex,
+        node: onnx.NodeProto,
+        node_name: str,
+        output_grads: Sequence[str],
+        input_grads: Sequence[str],
+    ):
         self.index = index
         self.node = node
         self.node_name = node_name
@@ -87,11 +94,17 @@ class GradientContext:
         return UnsupportedGradientError([(self.node.domain or "ai.onnx", self.op_type, self.node_name, reason)])
 
     # ---- emission --------------------------------------------------------------------
-    def emit(self, op_type: str, inputs: Sequence[str], outputs: Sequence[str], domain: str = "",
-             **attributes: Any) -> List[str]:
+    def emit(
+        self, op_type: str, inputs: Sequence[str], outputs: Sequence[str], domain: str = "", **attributes: Any
+    ) -> List[str]:
         node = onnx.helper.make_node(
-            op_type, list(inputs), list(outputs), name=f"{self.node_name}_Grad/{op_type}_{self._emitted}",
-            domain=domain or None, **attributes)
+            op_type,
+            list(inputs),
+            list(outputs),
+            name=f"{self.node_name}_Grad/{op_type}_{self._emitted}",
+            domain=domain or None,
+            **attributes,
+        )
         self._emitted += 1
         self.index.new_nodes.append(node)
         return list(outputs)
@@ -160,8 +173,11 @@ class GradientContext:
                 self.emit("Identity", [grad], [output])
                 return
             keepdims = len(grad_shape) == len(target_shape)
-            reduced = [1 if i in axes else d for i, d in enumerate(grad_shape)] if keepdims else \
-                [d for i, d in enumerate(grad_shape) if i not in axes]
+            reduced = (
+                [1 if i in axes else d for i, d in enumerate(grad_shape)]
+                if keepdims
+                else [d for i, d in enumerate(grad_shape) if i not in axes]
+            )
             if reduced == list(target_shape):
                 self.reduce_sum(grad, axes, keepdims, output)
             else:
@@ -177,8 +193,9 @@ class GradientContext:
         self.emit("BroadcastGradientArgs", [target_dims, grad_dims], [axes_name, ""], domain=MS_DOMAIN)
         summed = self.IA(f"ReduceSum_{grad}_for_{target}")
         if self.opset < 13:
-            self.emit("ReduceSumTraining", [grad, axes_name], [summed], domain=MS_DOMAIN, keepdims=1,
-                      noop_with_empty_axes=1)
+            self.emit(
+                "ReduceSumTraining", [grad, axes_name], [summed], domain=MS_DOMAIN, keepdims=1, noop_with_empty_axes=1
+            )
         else:
             self.emit("ReduceSum", [grad, axes_name], [summed], keepdims=1, noop_with_empty_axes=1)
         self.emit("Reshape", [summed, target_dims], [output])
@@ -197,4 +214,3 @@ def broadcast_reduction_axes(target: List, full: List) -> List[int]:
         if dim == 1 and other != 1:
             axes.append(offset + i)
     return axes
-

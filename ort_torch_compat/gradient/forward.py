@@ -14,6 +14,7 @@ leave out) before autodiff, and they change what the training model computes or 
   gradient ops read them.  (ORT's builder assumes LayerNormalization already declares them
   and fails when it does not; here they are added.)
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, List, Tuple
@@ -47,14 +48,19 @@ def _attributes(node: onnx.NodeProto, drop: Tuple[str, ...] = ()) -> List[onnx.A
 
 def _batch_norm(node: onnx.NodeProto, index: GraphIndex) -> onnx.NodeProto:
     outputs = list(node.output[:3])
-    stem = (node.output[0] or node.name or "BatchNormalization")
+    stem = node.output[0] or node.name or "BatchNormalization"
     while len(outputs) < 3:
         outputs.append("")
     outputs[1] = outputs[1] or index.unique(f"{stem}_running_mean")
     outputs[2] = outputs[2] or index.unique(f"{stem}_running_var")
     outputs += [index.unique(f"{stem}_saved_mean"), index.unique(f"{stem}_saved_inv_std")]
-    new = onnx.helper.make_node("BatchNormInternal", list(node.input), outputs,
-                                name=index.unique(f"{node.name or stem}_BatchNormInternal"), domain=MS_DOMAIN)
+    new = onnx.helper.make_node(
+        "BatchNormInternal",
+        list(node.input),
+        outputs,
+        name=index.unique(f"{node.name or stem}_BatchNormInternal"),
+        domain=MS_DOMAIN,
+    )
     new.attribute.extend(a for a in node.attribute if a.name in ("epsilon", "momentum"))
     new.attribute.append(onnx.helper.make_attribute("training_mode", 1))
     return new
@@ -64,8 +70,9 @@ def _recurrent(training_op: str, extra_outputs: Tuple[str, ...]) -> Rewrite:
     def rewrite(node: onnx.NodeProto, index: GraphIndex) -> onnx.NodeProto:
         layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
         if layout:
-            raise UnsupportedGradientError([(
-                "ai.onnx", node.op_type, node.name, f"layout=1 (batch-first) has no {training_op} kernel")])
+            raise UnsupportedGradientError(
+                [("ai.onnx", node.op_type, node.name, f"layout=1 (batch-first) has no {training_op} kernel")]
+            )
         state_outputs = 3 if node.op_type == "LSTM" else 2
         outputs = list(node.output[:state_outputs])
         stem = node.name or node.op_type
@@ -74,8 +81,9 @@ def _recurrent(training_op: str, extra_outputs: Tuple[str, ...]) -> Rewrite:
             outputs = [hidden] + outputs[1:]
         outputs += [""] * (state_outputs - len(outputs))
         outputs += [index.unique(f"{stem}_{suffix}") for suffix in extra_outputs]
-        new = onnx.helper.make_node(training_op, list(node.input), outputs,
-                                    name=index.unique(f"{stem}_training"), domain=MS_DOMAIN)
+        new = onnx.helper.make_node(
+            training_op, list(node.input), outputs, name=index.unique(f"{stem}_training"), domain=MS_DOMAIN
+        )
         new.attribute.extend(_attributes(node, drop=("layout",)))
         return new
 
@@ -87,7 +95,7 @@ def _with_outputs(*suffixes: str) -> Rewrite:
 
     def rewrite(node: onnx.NodeProto, index: GraphIndex) -> onnx.NodeProto:
         wanted = [""] + list(suffixes)
-        if len(node.output) >= len(wanted) and all(node.output[1:len(wanted)]):
+        if len(node.output) >= len(wanted) and all(node.output[1 : len(wanted)]):
             return node
         new = onnx.NodeProto()
         new.CopyFrom(node)

@@ -6,6 +6,7 @@ and emits that node's backward nodes.  ``inputs`` names the differentiable input
 (default: every floating-point input); reachability only follows those, so integer
 indices, shapes and masks never ask for gradients.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -6,6 +6,7 @@ are lists of dims, each an ``int`` (known size), a ``str`` (symbolic ``dim_param
 shapes where they are known (constant reduction axes, constant reshape targets) and fall
 back to shape-computing nodes otherwise, as ORT's builder does.
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Set, Union
@@ -20,9 +21,14 @@ Shape = Optional[List[Dim]]
 #: onnx's shape inference names dims it cannot infer ``unk__<n>``: unknown, not symbolic equalities.
 _INVENTED_DIM_PREFIX = "unk__"
 
-FLOAT_TYPES = frozenset({
-    onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
-})
+FLOAT_TYPES = frozenset(
+    {
+        onnx.TensorProto.FLOAT,
+        onnx.TensorProto.DOUBLE,
+        onnx.TensorProto.FLOAT16,
+        onnx.TensorProto.BFLOAT16,
+    }
+)
 
 
 def _shape_of(type_proto: onnx.TypeProto) -> Shape:
@@ -98,8 +104,9 @@ class GraphIndex:
         if not elem:
             return
         shape = self.shape(like)
-        info = onnx.helper.make_tensor_value_info(name, elem, None if shape is None else
-                                                  [d if d is not None else None for d in shape])
+        info = onnx.helper.make_tensor_value_info(
+            name, elem, None if shape is None else [d if d is not None else None for d in shape]
+        )
         self.new_value_info.append(info)
         self.set_type(name, info.type)
 
@@ -119,8 +126,12 @@ class GraphIndex:
     # ---- additions -------------------------------------------------------------------
     def add_initializer(self, name: str, value: np.ndarray) -> str:
         self.new_initializers.append(numpy_helper.from_array(np.asarray(value), name))
-        self.set_type(name, onnx.helper.make_tensor_type_proto(
-            onnx.helper.np_dtype_to_tensor_dtype(np.asarray(value).dtype), list(np.shape(value))))
+        self.set_type(
+            name,
+            onnx.helper.make_tensor_type_proto(
+                onnx.helper.np_dtype_to_tensor_dtype(np.asarray(value).dtype), list(np.shape(value))
+            ),
+        )
         return name
 
     def shared_constant(self, key: str, value: np.ndarray) -> str:
@@ -128,7 +139,6 @@ class GraphIndex:
         if key not in self._shared:
             self._shared[key] = self.add_initializer(self.unique(key), value)
         return self._shared[key]
-
 
 
 def _inferred_graph(model: onnx.ModelProto) -> onnx.GraphProto:

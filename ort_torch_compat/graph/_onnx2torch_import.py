@@ -8,6 +8,7 @@ ONNX Runtime and one that is not.  While onnx2torch loads, `torchvision` and
 first call; the placeholders are removed from `sys.modules` right after, so any other
 `import torchvision` gets the real package.
 """
+
 from __future__ import annotations
 
 import importlib

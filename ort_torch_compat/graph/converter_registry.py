@@ -28,6 +28,7 @@ Ops that ONNX does not define at the model's opset but ONNX Runtime does in the 
 version 1.  Other domains (com.microsoft, our fusion domain) have one version per op: the
 converter registered for the highest version up to the domain's opset is used.
 """
+
 from __future__ import annotations
 
 import functools
@@ -138,8 +139,7 @@ def _signature(schema: "defs.OpSchema") -> tuple:
         (a.name, int(a.type.value), a.required, a.default_value.SerializeToString(), _text(a.description))
         for a in schema.attributes.values()
     )
-    return (tuple(map(formal, schema.inputs)), tuple(map(formal, schema.outputs)), tuple(attributes),
-            _text(schema.doc))
+    return (tuple(map(formal, schema.inputs)), tuple(map(formal, schema.outputs)), tuple(attributes), _text(schema.doc))
 
 
 @functools.lru_cache(maxsize=None)

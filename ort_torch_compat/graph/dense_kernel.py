@@ -18,6 +18,7 @@ weight is fed, not prepacked), ~20-25 us of fixed cost, where MKL's small GEMM c
 of a train step.  So oneDNN serves products of at least `ONEDNN_MIN_MACS` multiply-adds,
 where its fixed cost is amortized (and, on AMD, its faster GEMM wins).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,7 +28,11 @@ import torch
 import torch.nn.functional as F
 
 ONEDNN_MIN_MACS = 1 << 22  # rows * in * out below which MKL's small-GEMM path is cheaper (see above)
-_ONEDNN = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+_ONEDNN = (
+    getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+    if torch.backends.mkldnn.is_available()
+    else None
+)
 
 
 def _matmul_t(a: torch.Tensor, b_t: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -9,6 +9,7 @@ PyTorch runs its own Linear layers; so does `MatMul(x, Transpose(weight))` witho
 rewrites live here: the fused kernel computes the same sum, in the same order up to float
 rounding.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -65,8 +66,12 @@ def fuse_matmul_bias(graph: onnx.GraphProto) -> List[onnx.NodeProto]:
             op, weight = "MatMulBias", producer.input[1]
             transpose_index = by_output.get(weight)
             transpose = None if transpose_index is None else nodes[transpose_index]
-            if transpose is not None and _is_matrix_transpose(transpose, shapes) and consumers[weight] == 1 \
-                    and weight not in outputs:
+            if (
+                transpose is not None
+                and _is_matrix_transpose(transpose, shapes)
+                and consumers[weight] == 1
+                and weight not in outputs
+            ):
                 op, weight = "LinearBias", transpose.input[0]
             weight_shape, bias_shape = shapes.get(weight), shapes.get(bias)
             if weight_shape is None or bias_shape is None or len(weight_shape) != 2 or len(bias_shape) != 1:
@@ -74,8 +79,13 @@ def fuse_matmul_bias(graph: onnx.GraphProto) -> List[onnx.NodeProto]:
             out_features = weight_shape[0] if op == "LinearBias" else weight_shape[1]
             if out_features is None or bias_shape[0] != out_features:
                 continue
-            fused = onnx.helper.make_node(op, [producer.input[0], weight, bias], [node.output[0]],
-                                          name=f"{producer.name}+{node.name}", domain=FUSED_DOMAIN)
+            fused = onnx.helper.make_node(
+                op,
+                [producer.input[0], weight, bias],
+                [node.output[0]],
+                name=f"{producer.name}+{node.name}",
+                domain=FUSED_DOMAIN,
+            )
             replaced[producer_index] = fused
             dropped.add(index)
             if op == "LinearBias":
@@ -92,7 +102,8 @@ def fuse_matmul_bias(graph: onnx.GraphProto) -> List[onnx.NodeProto]:
             continue
         transpose = nodes[transpose_index]
         if _is_matrix_transpose(transpose, shapes) and consumers[weight] == 1 and weight not in outputs:
-            replaced[index] = onnx.helper.make_node("Linear", [node.input[0], transpose.input[0]], [node.output[0]],
-                                                    name=node.name, domain=FUSED_DOMAIN)
+            replaced[index] = onnx.helper.make_node(
+                "Linear", [node.input[0], transpose.input[0]], [node.output[0]], name=node.name, domain=FUSED_DOMAIN
+            )
             dropped.add(transpose_index)
     return [replaced.get(i, node) for i, node in enumerate(nodes) if i not in dropped]

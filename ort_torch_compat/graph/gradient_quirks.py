@@ -23,6 +23,7 @@ derivative of the forward.  Two deviations have no formula we could match and ar
 reproduced (the exact gradient in both modes): Conv with auto_pad=SAME_UPPER/SAME_LOWER and
 Where whose data input is broadcast (ORT returns the first elements of the unreduced gradient).
 """
+
 from __future__ import annotations
 
 import torch

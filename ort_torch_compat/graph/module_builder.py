@@ -6,6 +6,7 @@ tensors (so they stay shared, trainable and named as in the checkpoint), a node'
 are indexed only when it really has several, module names are ours (custom domains with
 dots are fine), and every unsupported operator is reported at once.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -62,6 +63,7 @@ def typed_attributes(node: onnx.NodeProto) -> Dict[str, Any]:
             parsed[attribute.name] = OnnxNode._parse_attribute_value(attribute)
     return parsed
 
+
 class _Constants(nn.Module):
     """Holds the graph's own constant initializers as buffers (they move with `.to()`)."""
 
@@ -104,8 +106,9 @@ class _Lookups:
         return found
 
 
-def missing_operators(graph: onnx.GraphProto, opsets: Dict[str, int], training: bool = False,
-                      lookups: "_Lookups" = None) -> List[tuple]:
+def missing_operators(
+    graph: onnx.GraphProto, opsets: Dict[str, int], training: bool = False, lookups: "_Lookups" = None
+) -> List[tuple]:
     """(domain, op, opset) of every node no converter handles; in a training graph also the
     string ops, which run on numpy arrays outside autograd (see NOT_TRAINABLE)."""
     lookups = lookups or _Lookups(opsets)
@@ -140,8 +143,14 @@ def build_graph_module(
         return _build(graph, opsets, input_names, output_names, model_name, training)
 
 
-def _build(graph: onnx.GraphProto, opsets: Dict[str, int], input_names: Sequence[str], output_names: Sequence[str],
-           model_name: str, training: bool) -> fx.GraphModule:
+def _build(
+    graph: onnx.GraphProto,
+    opsets: Dict[str, int],
+    input_names: Sequence[str],
+    output_names: Sequence[str],
+    model_name: str,
+    training: bool,
+) -> fx.GraphModule:
     lookups = _Lookups(opsets)
     missing = missing_operators(graph, opsets, training, lookups)
     if missing:

@@ -4,6 +4,7 @@ model's opsets (which converters of subgraph-carrying ops need to convert their 
 They reach the converters through context variables set by `build_graph_module` for the
 duration of one conversion, so converters keep onnx2torch's `(node, graph)` signature.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -11,6 +11,7 @@ or frozen weights behind autograd's back.  ORT 1.19.2 does exactly that (measure
 step alone changes `bn.weight` in such artifacts); we do not: those inputs are blanked, so
 the node normalizes with batch statistics and updates nothing.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -18,8 +19,11 @@ from typing import Iterable
 
 import onnx
 
-_TRAINING_BATCH_NORMS = {("", "BatchNormalization"), ("ai.onnx", "BatchNormalization"),
-                         ("com.microsoft", "BatchNormInternal")}
+_TRAINING_BATCH_NORMS = {
+    ("", "BatchNormalization"),
+    ("ai.onnx", "BatchNormalization"),
+    ("com.microsoft", "BatchNormInternal"),
+}
 _RUNNING_STAT_POSITIONS = (3, 4)
 
 

@@ -15,6 +15,7 @@ these shapes: a trace that read a tensor *value* derived from a user input or a 
 would draw other random numbers than torch's generator), is refused with
 `NotSpecializable`, and the caller keeps running the module itself.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,8 +48,11 @@ def lifted_constants(module: fx.GraphModule) -> List[torch.Tensor]:
     """The module's tensor attributes (get_attr nodes), in graph order: the live tensors,
     so in-place updates of a compiled step land where the module keeps them."""
     parameters = dict(module.named_parameters())
-    return [parameters[node.target] if node.target in parameters else module.get_buffer(node.target)
-            for node in module.graph.nodes if node.op == "get_attr"]
+    return [
+        parameters[node.target] if node.target in parameters else module.get_buffer(node.target)
+        for node in module.graph.nodes
+        if node.op == "get_attr"
+    ]
 
 
 def _lift_constants(module: fx.GraphModule) -> fx.GraphModule:
@@ -104,8 +108,10 @@ def _check_traced(graph: fx.Graph, variable: Set[str]) -> None:
         if node.target is torch.ops.aten._local_scalar_dense.default:  # .item(), .tolist(), bool()
             sources = [n.name for n in _ancestors(node) if n.op == "placeholder" and n.name in variable]
             if sources:
-                raise NotSpecializable("the graph's control flow reads tensor values computed from inputs or "
-                                       "parameters (data-dependent shapes)")
+                raise NotSpecializable(
+                    "the graph's control flow reads tensor values computed from inputs or "
+                    "parameters (data-dependent shapes)"
+                )
 
 
 def specialize(module: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> SpecializedGraph:
@@ -120,8 +126,12 @@ def specialize(module: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -
     copies = [tensor.detach().clone() for tensor in list(example_inputs) + constants]
     device = example_inputs[0].device if example_inputs else torch.device("cpu")
     with _trace_environment(device):
-        traced = make_fx(functionalize(lifted, remove="mutations"), decomposition_table={},
-                         tracing_mode="real", _error_on_data_dependent_ops=False)(*copies)
+        traced = make_fx(
+            functionalize(lifted, remove="mutations"),
+            decomposition_table={},
+            tracing_mode="real",
+            _error_on_data_dependent_ops=False,
+        )(*copies)
     graph = traced.graph
     placeholders = [node for node in graph.nodes if node.op == "placeholder"]
     # Trace-time constants (torch.tensor(...) inside converters) become inputs too.
@@ -164,8 +174,11 @@ def specialize(module: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -
             node.target = torch.ops.aten.reshape.default
     graph.eliminate_dead_code()
     for node in graph.nodes:
-        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and \
-                node.target._schema.is_mutable:
+        if (
+            node.op == "call_function"
+            and isinstance(node.target, torch._ops.OpOverload)
+            and node.target._schema.is_mutable
+        ):
             raise NotSpecializable(f"in-place operator {node.target.name()} left after functionalization")
     traced.recompile()
     return SpecializedGraph(traced, constants, len(outputs), mutated)

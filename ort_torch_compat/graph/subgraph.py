@@ -7,6 +7,7 @@ node with several declared outputs as returning a tuple, which silently indexes 
 dimension of a module that returns one tensor (Dropout's mask, LayerNorm's mean/inv-std,
 BatchNorm's running stats, MaxPool's indices).
 """
+
 from __future__ import annotations
 
 from typing import Iterable, List, Sequence, Set

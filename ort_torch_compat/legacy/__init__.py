@@ -4,6 +4,7 @@
 
 See docs/legacy.md for what is supported, and the optimizer formulas.
 """
+
 from .session_info import ModelMetadata, NodeArg, SessionOptions
 from .training_parameters import TrainingParameters
 from .training_session import TrainingSession

@@ -6,6 +6,7 @@ group carrying its attributes under ORT's names, so a missing attribute takes th
 optimizer's default: the CPU kernel's for Adam, the graph builder's for Lamb (which had
 only a CUDA kernel).  Sources: docs/legacy.md.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -23,8 +24,10 @@ OPTIMIZERS = ("SGDOptimizer", "AdamOptimizer", "LambOptimizer")
 _ATTRIBUTES = {
     "SGDOptimizer": ((), ()),
     "AdamOptimizer": (("alpha", "beta", "lambda", "epsilon"), ("do_bias_correction", "weight_decay_mode")),
-    "LambOptimizer": (("alpha", "beta", "lambda", "epsilon", "max_norm_clip", "ratio_min", "ratio_max"),
-                      ("do_bias_correction",)),
+    "LambOptimizer": (
+        ("alpha", "beta", "lambda", "epsilon", "max_norm_clip", "ratio_min", "ratio_max"),
+        ("do_bias_correction",),
+    ),
 }
 # AdamOptimizer's schema declares max_norm_clip, but the CPU kernel never reads it: accepted, no effect.
 _WITHOUT_EFFECT = {"AdamOptimizer": ("max_norm_clip",)}
@@ -45,8 +48,10 @@ def build_optimizer(name: str, weights: Dict[str, torch.Tensor], params: Trainin
         for key in _LAMB_NODE_WIDE:
             value = group.pop(key, node_wide[key])
             if value != node_wide[key]:
-                raise ValueError(f"LambOptimizer: '{key}' is one value for all weights; '{group['name']}' has "
-                                 f"{value} but '{groups[0]['name']}' has {node_wide[key]}")
+                raise ValueError(
+                    f"LambOptimizer: '{key}' is one value for all weights; '{group['name']}' has "
+                    f"{value} but '{groups[0]['name']}' has {node_wide[key]}"
+                )
     return Lamb(groups, clip_grad_norm=bool(params.enable_grad_norm_clip), **node_wide)
 
 
@@ -56,8 +61,10 @@ def _param_groups(name: str, weights: Dict[str, torch.Tensor], params: TrainingP
     groups = []
     for weight, tensor in weights.items():
         group: Dict[str, Any] = {"params": [tensor], "name": weight}
-        for given, kind, convert in ((params.optimizer_attributes_map, floats, float),
-                                     (params.optimizer_int_attributes_map, ints, int)):
+        for given, kind, convert in (
+            (params.optimizer_attributes_map, floats, float),
+            (params.optimizer_int_attributes_map, ints, int),
+        ):
             for key, value in (given.get(weight) or {}).items():
                 if key in kind:
                     group[key] = convert(value)
@@ -65,6 +72,9 @@ def _param_groups(name: str, weights: Dict[str, torch.Tensor], params: TrainingP
                     ignored.add(key)
         groups.append(group)
     if ignored:
-        warnings.warn(f"{name} ignores attribute(s) {sorted(ignored)} (it reads {sorted(floats)} and {sorted(ints)})",
-                      RuntimeWarning, stacklevel=4)
+        warnings.warn(
+            f"{name} ignores attribute(s) {sorted(ignored)} (it reads {sorted(floats)} and {sorted(ints)})",
+            RuntimeWarning,
+            stacklevel=4,
+        )
     return groups

@@ -4,6 +4,7 @@
 onnxruntime's objects of the same names.  Providers map to a torch device: the first
 usable entry wins, and `CPUExecutionProvider` is always last, as in onnxruntime.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -58,8 +59,15 @@ class NodeArg:
 class ModelMetadata:
     """The model's producer, graph name, domain, doc string, version and metadata_props."""
 
-    __slots__ = ("producer_name", "graph_name", "domain", "description", "graph_description", "version",
-                 "custom_metadata_map")
+    __slots__ = (
+        "producer_name",
+        "graph_name",
+        "domain",
+        "description",
+        "graph_description",
+        "version",
+        "custom_metadata_map",
+    )
 
     def __init__(self, model: onnx.ModelProto):
         self.producer_name = model.producer_name
@@ -71,8 +79,10 @@ class ModelMetadata:
         self.custom_metadata_map = {prop.key: prop.value for prop in model.metadata_props}
 
     def __repr__(self) -> str:
-        return (f"ModelMetadata(producer_name={self.producer_name!r}, graph_name={self.graph_name!r}, "
-                f"domain={self.domain!r}, version={self.version})")
+        return (
+            f"ModelMetadata(producer_name={self.producer_name!r}, graph_name={self.graph_name!r}, "
+            f"domain={self.domain!r}, version={self.version})"
+        )
 
 
 class SessionOptions:
@@ -154,13 +164,19 @@ def resolve_providers(
             if torch.cuda.is_available():
                 device = torch.device("cuda", int(opts.get("device_id", 0)))
                 return [name, CPU], [_stringify(opts), {}], device
-            warnings.warn(f"{name} was requested but torch sees no GPU; falling back to the next provider.",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"{name} was requested but torch sees no GPU; falling back to the next provider.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         elif name == CPU:
             return [CPU], [_stringify(opts)], torch.device("cpu")
         else:
-            warnings.warn(f"{name} is not available in ort_torch_compat (torch runs on CPU or CUDA); ignoring it.",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"{name} is not available in ort_torch_compat (torch runs on CPU or CUDA); ignoring it.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
     return [CPU], [{}], torch.device("cpu")
 
 

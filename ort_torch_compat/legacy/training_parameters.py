@@ -5,6 +5,7 @@ Like the pybind class, it rejects unknown attribute names, so a typo fails loudl
 of being ignored.  Which fields this implementation honours is checked by
 `TrainingSession` (see docs/legacy.md): multi-node fields raise NotImplementedError.
 """
+
 from __future__ import annotations
 
 import copy

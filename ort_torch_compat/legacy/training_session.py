@@ -9,6 +9,7 @@ module only speaks ORT's legacy API: feeds and fetches by name, the learning rat
 feed, the update on every `gradient_accumulation_steps`-th call, and state under ORT's
 initializer names (`Moment_1_<w>`, `Update_Count_<w>`, `Step`).
 """
+
 from __future__ import annotations
 
 import os
@@ -33,18 +34,19 @@ from .weights import select_weights
 
 SHARED_STATE_KEY = "shared_optimizer_state"
 MOMENTS = {"Moment_1": "moment_1", "Moment_2": "moment_2"}  # ORT's state prefix -> the optimizer's state key
-_DUMP_FIELDS = ("model_after_graph_transforms_path", "model_with_gradient_graph_path",
-                "model_with_training_graph_path")
+_DUMP_FIELDS = ("model_after_graph_transforms_path", "model_with_gradient_graph_path", "model_with_training_graph_path")
 
 
 class TrainingSession:
     """Drop-in for onnxruntime's legacy `TrainingSession(path_or_bytes, parameters, ...)`."""
 
-    def __init__(self, path_or_bytes, parameters: TrainingParameters, sess_options=None, providers=None,
-                 provider_options=None):
+    def __init__(
+        self, path_or_bytes, parameters: TrainingParameters, sess_options=None, providers=None, provider_options=None
+    ):
         if not isinstance(parameters, TrainingParameters):
-            raise TypeError("parameters must be an ort_torch_compat.legacy.TrainingParameters, "
-                            f"got {type(parameters).__name__}")
+            raise TypeError(
+                f"parameters must be an ort_torch_compat.legacy.TrainingParameters, got {type(parameters).__name__}"
+            )
         params = parameters._snapshot()
         _check_supported(params)
         self._parameters = params
@@ -69,18 +71,26 @@ class TrainingSession:
             raise ModelLoadError(f"loss output '{self._loss}' is not produced by any node of {label}")
         if self._loss not in {o.name for o in graph.output}:
             info = self._value_types.get(self._loss)
-            self._output_args.append(NodeArg.from_value_info(info) if info is not None
-                                     else NodeArg(self._loss, "tensor(float)", None))
+            self._output_args.append(
+                NodeArg.from_value_info(info) if info is not None else NodeArg(self._loss, "tensor(float)", None)
+            )
 
         self._weights: List[str] = select_weights(graph, params, self._loss, label)
-        self._grad_args = ([NodeArg(f"{w}_grad", onnx_type_name(initializers[w].data_type), list(initializers[w].dims))
-                            for w in self._weights] if params.set_gradients_as_graph_outputs else [])
+        self._grad_args = (
+            [
+                NodeArg(f"{w}_grad", onnx_type_name(initializers[w].data_type), list(initializers[w].dims))
+                for w in self._weights
+            ]
+            if params.set_gradients_as_graph_outputs
+            else []
+        )
         self._grad_names = {arg.name for arg in self._grad_args}
         self._output_names = [arg.name for arg in self._output_args + self._grad_args]  # what run() may fetch
         self._optimizer_name = params.training_optimizer_name
         if self._optimizer_name and self._optimizer_name not in OPTIMIZERS:
-            raise ValueError(f"training_optimizer_name '{self._optimizer_name}' is not supported; "
-                             f"use one of {list(OPTIMIZERS)}")
+            raise ValueError(
+                f"training_optimizer_name '{self._optimizer_name}' is not supported; use one of {list(OPTIMIZERS)}"
+            )
         self._lr_name = params.lr_params_feed_name
         self._accumulation_steps = int(params.gradient_accumulation_steps)
         if self._accumulation_steps < 1:
@@ -100,8 +110,11 @@ class TrainingSession:
         self._input_specs = {spec.name: spec for spec in self._engine.train_io.user_inputs}
         self._defaults = {name: t.to(device) for name, t in self._model.defaults.items()}
         weights = {w: self._weight(w) for w in self._weights}
-        self._optimizer = build_optimizer(self._optimizer_name, weights, self._parameters) \
-            if self._optimizer_name and weights else None
+        self._optimizer = (
+            build_optimizer(self._optimizer_name, weights, self._parameters)
+            if self._optimizer_name and weights
+            else None
+        )
         self._optimizer_step = with_precision(self._optimizer.step, self._engine.tf32) if self._optimizer else None
         self._accumulated = 0
 
@@ -109,8 +122,9 @@ class TrainingSession:
         return self._engine.state.parameters[name].tensor
 
     # ---- the training step ------------------------------------------------------------
-    def run(self, output_names: Optional[Sequence[str]], input_feed: Dict[str, Any],
-            run_options=None) -> List[np.ndarray]:
+    def run(
+        self, output_names: Optional[Sequence[str]], input_feed: Dict[str, Any], run_options=None
+    ) -> List[np.ndarray]:
         """One training step; returns the requested outputs (computed before the update) as numpy arrays."""
         fetches = list(output_names) if output_names else self._output_names
         for name in fetches:
@@ -174,7 +188,8 @@ class TrainingSession:
                 if tensor.dtype != default.dtype or tensor.shape != default.shape:
                     raise InvalidInputError(
                         f"TrainingSession.run: initializer override '{name}' must be {default.dtype} with shape "
-                        f"{list(default.shape)}, got {tensor.dtype} {list(tensor.shape)}")
+                        f"{list(default.shape)}, got {tensor.dtype} {list(tensor.shape)}"
+                    )
             elif name in specs:
                 check_inputs([specs[name]], [tensor], "TrainingSession.run")
             feeds[name] = tensor
@@ -184,11 +199,14 @@ class TrainingSession:
         if self._lr_name not in feeds:
             raise InvalidInputError(
                 f"Missing Input: {self._lr_name} (the learning rate feed named by "
-                "TrainingParameters.lr_params_feed_name is required on every step that updates the weights)")
+                "TrainingParameters.lr_params_feed_name is required on every step that updates the weights)"
+            )
         value = feeds[self._lr_name]
         if value.numel() != 1 or not value.dtype.is_floating_point:
-            raise InvalidInputError(f"learning rate '{self._lr_name}' must be one float value (shape [1]), "
-                                    f"got {value.dtype} {list(value.shape)}")
+            raise InvalidInputError(
+                f"learning rate '{self._lr_name}' must be one float value (shape [1]), "
+                f"got {value.dtype} {list(value.shape)}"
+            )
         return float(value.reshape(-1)[0])
 
     # ---- state ------------------------------------------------------------------------
@@ -234,8 +252,10 @@ class TrainingSession:
             if kind == "tensor":
                 expected, dtype = tuple(target.shape), torch.empty(0, dtype=target.dtype).numpy().dtype
                 if tuple(array.shape) != expected or array.dtype != dtype:
-                    raise ModelMismatchError(f"state tensor '{name}': expected {dtype} {list(expected)}, "
-                                             f"got {array.dtype} {list(array.shape)}")
+                    raise ModelMismatchError(
+                        f"state tensor '{name}': expected {dtype} {list(expected)}, "
+                        f"got {array.dtype} {list(array.shape)}"
+                    )
             else:
                 array = np.array(_count(array, f"state tensor '{name}'"))
             staged.append((kind, target, array))
@@ -274,14 +294,21 @@ class TrainingSession:
                     self.load_state({"Step": values["Step"]})
                 continue
             if key not in self._weights:
-                warnings.warn(f"optimizer initial state for '{key}' ignored: it is not a trained weight",
-                              RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"optimizer initial state for '{key}' ignored: it is not a trained weight",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
                 continue
             for prefix, array in values.items():
                 name = f"{prefix}_{key}"
                 if name not in entries:
-                    warnings.warn(f"optimizer initial state '{prefix}' of '{key}' ignored by "
-                                  f"{self._optimizer_name or 'no optimizer'}", RuntimeWarning, stacklevel=3)
+                    warnings.warn(
+                        f"optimizer initial state '{prefix}' of '{key}' ignored by "
+                        f"{self._optimizer_name or 'no optimizer'}",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
                 else:
                     try:
                         self.load_state({name: array})
@@ -357,19 +384,25 @@ def _check_supported(params: TrainingParameters) -> None:
     for field, asks_for_more in MULTI_NODE_FIELDS:
         value = getattr(params, field)
         if asks_for_more(value):
-            raise NotImplementedError(f"TrainingParameters.{field}={value!r} configures multi-node / distributed "
-                                      f"training, which is not implemented. {DDP_HINT}")
+            raise NotImplementedError(
+                f"TrainingParameters.{field}={value!r} configures multi-node / distributed "
+                f"training, which is not implemented. {DDP_HINT}"
+            )
     for field in MIXED_PRECISION_FIELDS:
         if getattr(params, field):
             raise NotImplementedError(
                 f"TrainingParameters.{field}=True asks for mixed-precision training (fp16 weight copies, fp16 moments, "
                 "loss scaling), which ort_torch_compat.legacy.TrainingSession does not implement: it trains in the "
                 "model's own precision. Set it to False, or train with torch.autocast and torch.amp.GradScaler in a "
-                "plain torch loop.")
+                "plain torch loop."
+            )
     for field in _DUMP_FIELDS:
         if getattr(params, field):
-            warnings.warn(f"TrainingParameters.{field} is ignored: no ORT training graph exists to be saved",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"TrainingParameters.{field} is ignored: no ORT training graph exists to be saved",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
 
 def _tf32(sess_options: Any, providers: List[str], options: List[Dict[str, str]]) -> bool:

@@ -1,4 +1,5 @@
 """Which initializers the legacy `TrainingSession` trains (ORT's `ConfigureForTraining`)."""
+
 from __future__ import annotations
 
 import warnings
@@ -15,12 +16,36 @@ from .training_parameters import TrainingParameters
 # Inputs through which ORT's gradient builder never propagates (its STOP_GRADIENT_EDGES);
 # an initializer reached only through them is not trainable by default.
 STOP_GRADIENT_EDGES = {
-    "Not": {0}, "And": {0, 1}, "Or": {0, 1}, "Xor": {0, 1}, "Equal": {0, 1}, "Less": {0, 1},
-    "LessOrEqual": {0, 1}, "Greater": {0, 1}, "GreaterOrEqual": {0, 1}, "IsInf": {0}, "IsNaN": {0},
-    "NonZero": {0}, "Pow": {1}, "Gather": {1}, "GatherElements": {1}, "GatherND": {1}, "Shape": {0},
-    "Size": {0}, "Reshape": {1}, "Expand": {1}, "Dropout": {1, 2}, "Slice": {1, 2, 3, 4},
-    "SparseSoftmaxCrossEntropy": {1, 2}, "SoftmaxCrossEntropyLoss": {1, 2}, "ConstantOfShape": {0},
-    "Scatter": {1}, "OneHot": {0, 1, 2}, "Where": {0}, "Range": {0, 1, 2}, "BatchNormalization": {3, 4},
+    "Not": {0},
+    "And": {0, 1},
+    "Or": {0, 1},
+    "Xor": {0, 1},
+    "Equal": {0, 1},
+    "Less": {0, 1},
+    "LessOrEqual": {0, 1},
+    "Greater": {0, 1},
+    "GreaterOrEqual": {0, 1},
+    "IsInf": {0},
+    "IsNaN": {0},
+    "NonZero": {0},
+    "Pow": {1},
+    "Gather": {1},
+    "GatherElements": {1},
+    "GatherND": {1},
+    "Shape": {0},
+    "Size": {0},
+    "Reshape": {1},
+    "Expand": {1},
+    "Dropout": {1, 2},
+    "Slice": {1, 2, 3, 4},
+    "SparseSoftmaxCrossEntropy": {1, 2},
+    "SoftmaxCrossEntropyLoss": {1, 2},
+    "ConstantOfShape": {0},
+    "Scatter": {1},
+    "OneHot": {0, 1, 2},
+    "Where": {0},
+    "Range": {0, 1, 2},
+    "BatchNormalization": {3, 4},
 }
 _FLOATING = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
 
@@ -36,8 +61,9 @@ def select_weights(graph: onnx.GraphProto, params: TrainingParameters, loss: str
     requested = {str(name) for name in params.weights_to_train}
     unknown = sorted(requested - set(initializers))
     if unknown:
-        warnings.warn(f"weights_to_train {unknown} are not initializers of {label}; ignored", RuntimeWarning,
-                      stacklevel=4)
+        warnings.warn(
+            f"weights_to_train {unknown} are not initializers of {label}; ignored", RuntimeWarning, stacklevel=4
+        )
     chosen = requested & set(initializers)
     if not chosen:
         chosen = _default_trainable(graph, initializers, loss, params.immutable_weights)
@@ -52,8 +78,12 @@ def select_weights(graph: onnx.GraphProto, params: TrainingParameters, loss: str
     return sorted(chosen)
 
 
-def _default_trainable(graph: onnx.GraphProto, initializers: Dict[str, onnx.TensorProto], loss: str,
-                       immutable: Dict[str, Sequence[Tuple[int, float]]]) -> set:
+def _default_trainable(
+    graph: onnx.GraphProto,
+    initializers: Dict[str, onnx.TensorProto],
+    loss: str,
+    immutable: Dict[str, Sequence[Tuple[int, float]]],
+) -> set:
     producers = {out: node for node in graph.node for out in node.output if out}
     trainable: set = set()
     seen: set = set()

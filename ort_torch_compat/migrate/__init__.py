@@ -9,15 +9,26 @@
 
 Names are imported on first use, so `ort-torch-compat inspect` does not import torch.
 """
+
 import importlib
 
 _EXPORTS = {
-    "describe_checkpoint": "inspect", "format_description": "inspect",
-    "MigrationError": "state_dict", "OPTIMIZER_PREFIX": "state_dict", "STEP_KEY": "state_dict",
-    "INITIAL_LR_KEY": "state_dict", "state_to_tensors": "state_dict", "tensors_to_state": "state_dict",
-    "checkpoint_to_file": "state_dict", "state_dict_to_checkpoint": "state_dict", "file_to_checkpoint": "state_dict",
-    "load_tensor_file": "state_dict", "save_tensor_file": "state_dict",
-    "to_torch_module": "torch_module", "OrtTorchModule": "torch_module", "model_outputs": "torch_module",
+    "describe_checkpoint": "inspect",
+    "format_description": "inspect",
+    "MigrationError": "state_dict",
+    "OPTIMIZER_PREFIX": "state_dict",
+    "STEP_KEY": "state_dict",
+    "INITIAL_LR_KEY": "state_dict",
+    "state_to_tensors": "state_dict",
+    "tensors_to_state": "state_dict",
+    "checkpoint_to_file": "state_dict",
+    "state_dict_to_checkpoint": "state_dict",
+    "file_to_checkpoint": "state_dict",
+    "load_tensor_file": "state_dict",
+    "save_tensor_file": "state_dict",
+    "to_torch_module": "torch_module",
+    "OrtTorchModule": "torch_module",
+    "model_outputs": "torch_module",
 }
 __all__ = sorted(_EXPORTS)
 

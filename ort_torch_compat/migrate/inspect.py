@@ -1,4 +1,5 @@
 """What a checkpoint holds, as plain data (`ort-torch-compat inspect`)."""
+
 from __future__ import annotations
 
 import os
@@ -34,24 +35,28 @@ def describe_checkpoint(path: "str | os.PathLike[str]") -> Dict[str, Any]:
     if module is not None:
         for trainable, tensors in ((True, module.trainable), (False, module.frozen)):
             for t in tensors:
-                parameters.append({
-                    "name": t.name,
-                    "dtype": dtype_name(t.data_type).lower(),
-                    "shape": None if nominal else list(t.dims),
-                    "trainable": trainable,
-                    "bytes": 0 if nominal else _nbytes(t),
-                })
+                parameters.append(
+                    {
+                        "name": t.name,
+                        "dtype": dtype_name(t.data_type).lower(),
+                        "shape": None if nominal else list(t.dims),
+                        "trainable": trainable,
+                        "bytes": 0 if nominal else _nbytes(t),
+                    }
+                )
     groups = []
     for group in record.optimizer_groups or []:
         moments = sorted({m.name for s in group.states for m in s.momentums})
-        groups.append({
-            "name": group.group_name,
-            "step": int(group.step),
-            "initial_learning_rate": float(group.initial_learning_rate),
-            "moments": moments,
-            "parameters": [s.param_name for s in group.states],
-            "bytes": sum(_nbytes(m) for s in group.states for m in s.momentums),
-        })
+        groups.append(
+            {
+                "name": group.group_name,
+                "step": int(group.step),
+                "initial_learning_rate": float(group.initial_learning_rate),
+                "moments": moments,
+                "parameters": [s.param_name for s in group.states],
+                "bytes": sum(_nbytes(m) for s in group.states for m in s.momentums),
+            }
+        )
     data_file = path + ".data"
     sizes = {
         "file_bytes": os.path.getsize(path),
@@ -89,7 +94,8 @@ def format_description(info: Dict[str, Any]) -> str:
     sizes = info["sizes"]
     lines = [
         f"checkpoint {info['checkpoint']} (format v{info['format_version']}, {_human_bytes(sizes['file_bytes'])}"
-        + (f" + {_human_bytes(sizes['external_data_bytes'])} external data" if info["external_data"] else "") + ")",
+        + (f" + {_human_bytes(sizes['external_data_bytes'])} external data" if info["external_data"] else "")
+        + ")",
         f"nominal: {'yes' if info['nominal'] else 'no'}    external data: {'yes' if info['external_data'] else 'no'}",
         f"parameters: {sizes['parameters']} ({sizes['trainable_parameters']} trainable), "
         f"{_human_bytes(sizes['parameter_bytes'])} ({_human_bytes(sizes['trainable_bytes'])} trainable)",

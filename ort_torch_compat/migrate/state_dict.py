@@ -11,6 +11,7 @@ parameters are trainable, dtypes, properties, the optimizer group) and every val
 checked against it.  The written file is exactly what `CheckpointState.save_checkpoint`
 writes for the resulting state.
 """
+
 from __future__ import annotations
 
 import json
@@ -78,7 +79,8 @@ def state_to_tensors(
     for name, slot in progress(list(state.parameters.items()), desc="parameters"):
         if name.startswith(OPTIMIZER_PREFIX):
             raise MigrationError(
-                f"parameter '{name}' clashes with the '{OPTIMIZER_PREFIX}' keys of the optimizer state")
+                f"parameter '{name}' clashes with the '{OPTIMIZER_PREFIX}' keys of the optimizer state"
+            )
         tensors[name] = slot.tensor.detach().to("cpu", copy=True).contiguous()
     if include_optimizer and state.optimizer is not None and state.optimizer.moments:
         group = state.optimizer
@@ -96,8 +98,10 @@ def _check(key: str, value: object, dtype: torch.dtype, shape: Optional[Tuple[in
         problems.append(f"'{key}' is a {type(value).__name__}, not a tensor")
         return False
     if value.dtype != dtype:
-        problems.append(f"'{key}' has dtype {str(value.dtype).replace('torch.', '')}, the checkpoint has "
-                        f"{str(dtype).replace('torch.', '')}")
+        problems.append(
+            f"'{key}' has dtype {str(value.dtype).replace('torch.', '')}, the checkpoint has "
+            f"{str(dtype).replace('torch.', '')}"
+        )
         return False
     if shape is not None and tuple(value.shape) != tuple(shape):
         problems.append(f"'{key}' has shape {list(value.shape)}, the checkpoint has {list(shape)}")
@@ -141,8 +145,9 @@ def tensors_to_state(
         dtype = torch_dtype(slot.data_type)
         shape = None if slot.tensor is None else tuple(slot.tensor.shape)
         if _check(name, value, dtype, shape, problems):
-            state.parameters[name] = ParameterSlot(name, slot.data_type, slot.requires_grad,
-                                                   value.detach().to("cpu", copy=True).contiguous())
+            state.parameters[name] = ParameterSlot(
+                name, slot.data_type, slot.requires_grad, value.detach().to("cpu", copy=True).contiguous()
+            )
 
     optimizer_keys = sorted(k for k in keys if k.startswith(OPTIMIZER_PREFIX))
     keys -= set(optimizer_keys)
@@ -150,8 +155,10 @@ def tensors_to_state(
         state.optimizer = None
     elif base.optimizer is None or not base.optimizer.moments:
         state.optimizer = None
-        problems.extend(f"'{k}' is extra: the checkpoint has no optimizer state (use --drop-optimizer to ignore it)"
-                        for k in optimizer_keys)
+        problems.extend(
+            f"'{k}' is extra: the checkpoint has no optimizer state (use --drop-optimizer to ignore it)"
+            for k in optimizer_keys
+        )
     elif not optimizer_keys:
         state.optimizer = _copy_optimizer(base.optimizer)
     else:
@@ -166,7 +173,9 @@ def tensors_to_state(
 
 def _copy_optimizer(group: OptimizerState) -> OptimizerState:
     return OptimizerState(
-        group_name=group.group_name, step=group.step, initial_learning_rate=group.initial_learning_rate,
+        group_name=group.group_name,
+        step=group.step,
+        initial_learning_rate=group.initial_learning_rate,
         learning_rate=group.learning_rate,
         moments={p: {m: t.detach().to("cpu", copy=True) for m, t in ms.items()} for p, ms in group.moments.items()},
     )
@@ -181,8 +190,12 @@ def _scalar(tensors: Mapping[str, object], key: str, problems: List[str], intege
 
 
 def _optimizer_from_tensors(tensors, base: OptimizerState, keys: set, problems: List[str]) -> OptimizerState:
-    group = OptimizerState(group_name=base.group_name, step=base.step, initial_learning_rate=base.initial_learning_rate,
-                           learning_rate=base.learning_rate)
+    group = OptimizerState(
+        group_name=base.group_name,
+        step=base.step,
+        initial_learning_rate=base.initial_learning_rate,
+        learning_rate=base.learning_rate,
+    )
     if STEP_KEY in keys:
         keys.discard(STEP_KEY)
         step = _scalar(tensors, STEP_KEY, problems, integer=True)
@@ -212,8 +225,9 @@ def _suffix(path: PathLike) -> str:
     return os.path.splitext(os.fspath(path))[1].lower()
 
 
-def save_tensor_file(tensors: Mapping[str, torch.Tensor], path: PathLike,
-                     metadata: Optional[Dict[str, str]] = None) -> None:
+def save_tensor_file(
+    tensors: Mapping[str, torch.Tensor], path: PathLike, metadata: Optional[Dict[str, str]] = None
+) -> None:
     """`.safetensors` (safetensors.torch.save_file) or `.pt`/`.pth` (torch.save of the dict)."""
     path = os.fspath(path)
     suffix = _suffix(path)
@@ -262,8 +276,13 @@ def load_tensor_file(path: PathLike, *, allow_pickle: bool = False) -> Dict[str,
     return dict(loaded)
 
 
-def checkpoint_to_file(checkpoint: Union[PathLike, TrainingState, object], out: PathLike, *,
-                       include_optimizer: bool = False, progress: Progress = _no_progress) -> Dict[str, torch.Tensor]:
+def checkpoint_to_file(
+    checkpoint: Union[PathLike, TrainingState, object],
+    out: PathLike,
+    *,
+    include_optimizer: bool = False,
+    progress: Progress = _no_progress,
+) -> Dict[str, torch.Tensor]:
     """`to-torch`: write the checkpoint's tensors to OUT (.pt or .safetensors); return them."""
     state = _as_state(checkpoint)
     tensors = state_to_tensors(state, include_optimizer=include_optimizer, progress=progress)
@@ -293,9 +312,17 @@ def state_dict_to_checkpoint(
     return state
 
 
-def file_to_checkpoint(state_file: PathLike, template: PathLike, out: PathLike, *, drop_optimizer: bool = False,
-                       allow_pickle: bool = False, progress: Progress = _no_progress) -> TrainingState:
+def file_to_checkpoint(
+    state_file: PathLike,
+    template: PathLike,
+    out: PathLike,
+    *,
+    drop_optimizer: bool = False,
+    allow_pickle: bool = False,
+    progress: Progress = _no_progress,
+) -> TrainingState:
     """`from-torch`: STATE file + template CHECKPOINT -> new checkpoint OUT."""
     tensors = load_tensor_file(state_file, allow_pickle=allow_pickle)
-    return state_dict_to_checkpoint(tensors, template, out, drop_optimizer=drop_optimizer,
-                                    what=f"'{os.fspath(state_file)}'", progress=progress)
+    return state_dict_to_checkpoint(
+        tensors, template, out, drop_optimizer=drop_optimizer, what=f"'{os.fspath(state_file)}'", progress=progress
+    )

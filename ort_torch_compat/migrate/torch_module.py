@@ -20,6 +20,7 @@ additional outputs the artifacts declare); `with_loss=False` returns the model's
 outputs, i.e. the values the loss block consumes (or `outputs=[...]`), from inputs
 without the labels.
 """
+
 from __future__ import annotations
 
 import os
@@ -54,8 +55,9 @@ class _Graph:
     params: List[str]  # io.param_names(), once: forward feeds them every call
 
 
-def _build_graph(model: onnx.ModelProto, io: GraphIO, outputs: Sequence[str], label: str,
-                 state: TrainingState) -> _Graph:
+def _build_graph(
+    model: onnx.ModelProto, io: GraphIO, outputs: Sequence[str], label: str, state: TrainingState
+) -> _Graph:
     """The engine's module for `outputs`, fed only the inputs and parameters they need."""
     cut = io_for_outputs(model, io, outputs, label)
     module = build_module(model, cut, label, buffers=frozen_parameters(cut, state))
@@ -74,8 +76,8 @@ class OrtTorchModule(nn.Module):
         self.with_loss = with_loss
         self._graphs = graphs  # plain dict: not submodules, so they stay out of state_dict/modules()
         self._template = state
-        self._key_of: Dict[str, str] = {}    # checkpoint name -> named_parameters() key
-        self._name_of: Dict[str, str] = {}   # named_parameters() key -> checkpoint name
+        self._key_of: Dict[str, str] = {}  # checkpoint name -> named_parameters() key
+        self._name_of: Dict[str, str] = {}  # named_parameters() key -> checkpoint name
         names = [n for n in order if n in state.parameters]
         names += [n for n in state.parameters if n not in set(names)]
         for name in names:
@@ -146,8 +148,13 @@ class OrtTorchModule(nn.Module):
         The source's optimizer moments no longer match values trained by a torch optimizer,
         so they are dropped unless `keep_optimizer_state=True`.
         """
-        state_dict_to_checkpoint(self.checkpoint_state_dict(), self._template, path,
-                                 drop_optimizer=not keep_optimizer_state, what="the module's parameters")
+        state_dict_to_checkpoint(
+            self.checkpoint_state_dict(),
+            self._template,
+            path,
+            drop_optimizer=not keep_optimizer_state,
+            what="the module's parameters",
+        )
 
     # ---- graphs -------------------------------------------------------------------------
     def _graph(self) -> _Graph:
@@ -167,11 +174,12 @@ class OrtTorchModule(nn.Module):
         specs = graph.io.user_inputs
         feeds = list(inputs)
         if named_inputs:
-            rest = specs[len(feeds):]
+            rest = specs[len(feeds) :]
             unknown = sorted(set(named_inputs) - {spec.name for spec in rest})
             if unknown:
                 raise InvalidInputError(
-                    f"forward: unexpected or duplicate input(s) {unknown}; inputs are {self.input_names}")
+                    f"forward: unexpected or duplicate input(s) {unknown}; inputs are {self.input_names}"
+                )
             missing = [spec.name for spec in rest if spec.name not in named_inputs]
             if missing:
                 raise InvalidInputError(f"forward: missing input(s) {missing}; inputs are {self.input_names}")
@@ -190,22 +198,27 @@ class OrtTorchModule(nn.Module):
 
     def extra_repr(self) -> str:
         graph = self._graphs["train"]
-        return (f"with_loss={self.with_loss}, inputs={[s.name for s in graph.io.user_inputs]}, outputs={graph.io.outputs}, "
-                f"parameters={len(self._key_of)}")
+        return (
+            f"with_loss={self.with_loss}, inputs={[s.name for s in graph.io.user_inputs]}, outputs={graph.io.outputs}, "
+            f"parameters={len(self._key_of)}"
+        )
 
 
 def _rename_to_checkpoint_names(module: OrtTorchModule, state_dict, prefix: str, local_metadata) -> None:
     """Checkpoint names as keys, in the module's parameter order (our keys are contiguous)."""
     items = list(state_dict.items())
-    ours = {key[len(prefix):]: value for key, value in items
-            if key.startswith(prefix) and key[len(prefix):] in module._name_of}
+    ours = {
+        key[len(prefix) :]: value
+        for key, value in items
+        if key.startswith(prefix) and key[len(prefix) :] in module._name_of
+    }
     if not ours:
         return
-    first = next(i for i, (key, _) in enumerate(items) if key.startswith(prefix) and key[len(prefix):] in ours)
+    first = next(i for i, (key, _) in enumerate(items) if key.startswith(prefix) and key[len(prefix) :] in ours)
     state_dict.clear()
     state_dict.update(items[:first])
     state_dict.update((prefix + name, ours[key]) for name, key in module._key_of.items() if key in ours)
-    state_dict.update((k, v) for k, v in items[first:] if not (k.startswith(prefix) and k[len(prefix):] in ours))
+    state_dict.update((k, v) for k, v in items[first:] if not (k.startswith(prefix) and k[len(prefix) :] in ours))
 
 
 def _rename_from_checkpoint_names(module: OrtTorchModule, state_dict, prefix: str, *args) -> None:

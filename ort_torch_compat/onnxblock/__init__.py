@@ -19,6 +19,7 @@ Build custom losses and optimizers for training artifacts::
 With ``ort_torch_compat.install()`` and no onnxruntime-training, ``onnxruntime.training.onnxblock``
 is this package.
 """
+
 from . import blocks, loss, optim
 from ._graph_utils import reset_name_counter
 from .blocks import Block

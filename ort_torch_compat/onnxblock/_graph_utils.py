@@ -7,6 +7,7 @@ a fresh process gives ORT's names exactly; a second generation in the same proce
 higher numbers, as in ORT.  ``reset_name_counter()`` is the explicit way to get the
 fresh-process names again.
 """
+
 from __future__ import annotations
 
 import itertools

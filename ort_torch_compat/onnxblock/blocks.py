@@ -6,6 +6,7 @@ an invalid model fails where it was called.  Node and value names use the same
 ``onnx::<token>::<n>`` scheme and the same order of calls as onnxruntime-training, so the
 names in the generated models are ORT's.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,8 +24,26 @@ from . import _graph_utils
 from . import model_accessor as accessor
 
 __all__ = [
-    "Block", "Add", "Sub", "Mul", "Div", "Pow", "ReduceMean", "ReduceSum", "Sigmoid", "Log", "Neg", "Abs",
-    "Constant", "SequenceConstruct", "ReduceAllL2", "Clip", "PassThrough", "InputLike", "LabelEncoder", "Cast",
+    "Block",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "ReduceMean",
+    "ReduceSum",
+    "Sigmoid",
+    "Log",
+    "Neg",
+    "Abs",
+    "Constant",
+    "SequenceConstruct",
+    "ReduceAllL2",
+    "Clip",
+    "PassThrough",
+    "InputLike",
+    "LabelEncoder",
+    "Cast",
     "Linear",
 ]
 
@@ -67,10 +86,14 @@ class _ExternalTensors:
             self._written[key] = (self._size, len(raw))
             self._size += len(raw)
         offset, length = self._written[key]
-        stub = onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims,
-                                data_location=onnx.TensorProto.EXTERNAL)
-        for name, value in (("location", os.path.basename(self._data)), ("offset", str(offset)),
-                            ("length", str(length))):
+        stub = onnx.TensorProto(
+            name=tensor.name, data_type=tensor.data_type, dims=tensor.dims, data_location=onnx.TensorProto.EXTERNAL
+        )
+        for name, value in (
+            ("location", os.path.basename(self._data)),
+            ("offset", str(offset)),
+            ("length", str(length)),
+        ):
             entry = stub.external_data.add()
             entry.key, entry.value = name, value
         return stub
@@ -175,7 +198,9 @@ class _BinaryOp(Block):
     def build(self, input_name1: str, input_name2: str) -> str:
         output_name = _graph_utils.generate_graph_name(f"{self._op_name.lower()}_output")
         node = onnx.helper.make_node(
-            self._op_name, [input_name1, input_name2], [output_name],
+            self._op_name,
+            [input_name1, input_name2],
+            [output_name],
             name=_graph_utils.generate_graph_name(self._op_name),
         )
         self.base.graph.node.append(node)
@@ -239,7 +264,10 @@ class _UnaryOp(Block):
     def build(self, input_name: str) -> str:
         output_name = _graph_utils.generate_graph_name(f"{self._op_name.lower()}_output")
         node = onnx.helper.make_node(
-            self._op_name, [input_name], [output_name], _graph_utils.generate_graph_name(self._op_name),
+            self._op_name,
+            [input_name],
+            [output_name],
+            _graph_utils.generate_graph_name(self._op_name),
             **self._attributes,
         )
         self.base.graph.node.append(node)
@@ -299,7 +327,9 @@ class SequenceConstruct(Block):
     def build(self, *sequence_input_names: str) -> str:
         output_name = _graph_utils.generate_graph_name("sequenceconstruct_output")
         node = onnx.helper.make_node(
-            "SequenceConstruct", list(sequence_input_names), [output_name],
+            "SequenceConstruct",
+            list(sequence_input_names),
+            [output_name],
             _graph_utils.generate_graph_name("SequenceConstruct"),
         )
         self.base.graph.node.append(node)
@@ -312,8 +342,11 @@ class ReduceAllL2(Block):
     def build(self, *reduce_node_input_names: str) -> str:
         output_name = _graph_utils.generate_graph_name("reducealll2_output")
         node = onnx.helper.make_node(
-            "ReduceAllL2", list(reduce_node_input_names), [output_name],
-            _graph_utils.generate_graph_name("ReduceAllL2"), domain="com.microsoft",
+            "ReduceAllL2",
+            list(reduce_node_input_names),
+            [output_name],
+            _graph_utils.generate_graph_name("ReduceAllL2"),
+            domain="com.microsoft",
         )
         self.base.graph.node.append(node)
         self.base.graph.value_info.append(onnx.helper.make_tensor_value_info(output_name, onnx.TensorProto.FLOAT, [1]))
@@ -388,17 +421,30 @@ class LabelEncoder(Block):
         values_strings: Optional[List[str]] = None,
     ):
         super().__init__()
-        self._attributes = {"default_float": default_float, "default_int64": default_int64,
-                            "default_string": default_string}
-        optional = {"keys_floats": keys_floats, "keys_int64s": keys_int64s, "keys_strings": keys_strings,
-                    "values_floats": values_floats, "values_int64s": values_int64s, "values_strings": values_strings}
+        self._attributes = {
+            "default_float": default_float,
+            "default_int64": default_int64,
+            "default_string": default_string,
+        }
+        optional = {
+            "keys_floats": keys_floats,
+            "keys_int64s": keys_int64s,
+            "keys_strings": keys_strings,
+            "values_floats": values_floats,
+            "values_int64s": values_int64s,
+            "values_strings": values_strings,
+        }
         self._attributes.update({name: value for name, value in optional.items() if value is not None})
 
     def build(self, label_encoder_input_name: str) -> str:
         output_name = _graph_utils.generate_graph_name("label_encoder.output")
         node = onnx.helper.make_node(
-            "LabelEncoder", [label_encoder_input_name], [output_name],
-            _graph_utils.generate_graph_name("LabelEncoder"), domain="ai.onnx.ml", **self._attributes,
+            "LabelEncoder",
+            [label_encoder_input_name],
+            [output_name],
+            _graph_utils.generate_graph_name("LabelEncoder"),
+            domain="ai.onnx.ml",
+            **self._attributes,
         )
         self.base.graph.node.append(node)
         return output_name
@@ -423,8 +469,7 @@ class Cast(Block):
 class Linear(Block):
     """A ``Gemm`` layer with fresh random (numpy global RNG) weight [in, out] and bias [out]."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, alpha: float = 1.0,
-                 beta: float = 1.0):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, alpha: float = 1.0, beta: float = 1.0):
         super().__init__()
         self._in_features = in_features
         self._out_features = out_features
@@ -436,18 +481,26 @@ class Linear(Block):
         from onnx import numpy_helper
 
         weight_name = _graph_utils.generate_graph_name("linear.weight")
-        self.base.graph.initializer.append(numpy_helper.from_array(
-            np.random.randn(self._in_features, self._out_features).astype(np.float32), weight_name))
+        self.base.graph.initializer.append(
+            numpy_helper.from_array(
+                np.random.randn(self._in_features, self._out_features).astype(np.float32), weight_name
+            )
+        )
         inputs = [linear_input_name, weight_name]
         if self._bias:
             bias_name = _graph_utils.generate_graph_name("linear.bias")
-            self.base.graph.initializer.append(numpy_helper.from_array(
-                np.random.randn(self._out_features).astype(np.float32), bias_name))
+            self.base.graph.initializer.append(
+                numpy_helper.from_array(np.random.randn(self._out_features).astype(np.float32), bias_name)
+            )
             inputs.append(bias_name)
         output_name = _graph_utils.generate_graph_name("linear.output")
         node = onnx.helper.make_node(
-            "Gemm", inputs, [output_name], _graph_utils.generate_graph_name("linear"),
-            alpha=self._alpha, beta=self._beta,
+            "Gemm",
+            inputs,
+            [output_name],
+            _graph_utils.generate_graph_name("linear"),
+            alpha=self._alpha,
+            beta=self._beta,
         )
         self.base.graph.node.append(node)
         return output_name

@@ -1,4 +1,5 @@
 """``save_checkpoint`` (ORT's artifact-writer layout) and ``load_checkpoint_to_model``, via our codec."""
+
 from __future__ import annotations
 
 import os
@@ -76,4 +77,5 @@ def load_checkpoint_to_model(path_to_checkpoint: Union[str, os.PathLike], model:
         stored = values.get(initializer.name)
         if stored is not None:
             model.graph.initializer[index].CopyFrom(
-                numpy_helper.from_array(tensor_record_to_numpy(stored), initializer.name))
+                numpy_helper.from_array(tensor_record_to_numpy(stored), initializer.name)
+            )

@@ -6,6 +6,7 @@ purpose, quirks included: BCEWithLogits is the naive ``-(log(sigmoid(x))*t +
 log(1-sigmoid(x))*(1-t))``, which overflows for large logits where torch's stable form
 does not, because artifacts made here must train to the numbers ORT's artifacts train to.
 """
+
 from __future__ import annotations
 
 import copy
@@ -14,8 +15,7 @@ from typing import Optional
 import numpy as np
 import onnx
 
-from . import _graph_utils
-from . import blocks
+from . import _graph_utils, blocks
 
 __all__ = ["MSELoss", "CrossEntropyLoss", "BCEWithLogitsLoss", "L1Loss"]
 
@@ -56,8 +56,9 @@ class MSELoss(blocks.Block):
 class CrossEntropyLoss(blocks.Block):
     """``SoftmaxCrossEntropyLoss(scores, labels[, weight])``; classes are the last dimension."""
 
-    def __init__(self, weight: Optional[np.ndarray] = None, reduction: str = "mean",
-                 ignore_index: Optional[int] = None):
+    def __init__(
+        self, weight: Optional[np.ndarray] = None, reduction: str = "mean", ignore_index: Optional[int] = None
+    ):
         super().__init__()
         _check_reduction(reduction)
         self._weight = weight
@@ -85,8 +86,11 @@ class CrossEntropyLoss(blocks.Block):
         loss_name = _graph_utils.generate_graph_name("loss")
         log_prob_name = _graph_utils.generate_graph_name("log_prob")
         node = onnx.helper.make_node(
-            "SoftmaxCrossEntropyLoss", inputs, [loss_name, log_prob_name],
-            reduction=self._reduction, ignore_index=self._ignore_index,
+            "SoftmaxCrossEntropyLoss",
+            inputs,
+            [loss_name, log_prob_name],
+            reduction=self._reduction,
+            ignore_index=self._ignore_index,
             name=_graph_utils.generate_graph_name("SoftmaxCrossEntropyLoss"),
         )
         self.base.graph.node.append(node)
@@ -96,8 +100,9 @@ class CrossEntropyLoss(blocks.Block):
 class BCEWithLogitsLoss(blocks.Block):
     """``reduce(-(log(sigmoid(x)) * t [* pos_weight] + log(1 - sigmoid(x)) * (1 - t)) [* weight])``."""
 
-    def __init__(self, weight: Optional[np.ndarray] = None, reduction: str = "mean",
-                 pos_weight: Optional[np.ndarray] = None):
+    def __init__(
+        self, weight: Optional[np.ndarray] = None, reduction: str = "mean", pos_weight: Optional[np.ndarray] = None
+    ):
         super().__init__()
         _check_reduction(reduction)
         self._weight = weight

@@ -3,6 +3,7 @@
 As in onnxruntime-training, one model at a time is registered process-wide and every block
 called inside the ``with`` edits it.
 """
+
 from __future__ import annotations
 
 import copy

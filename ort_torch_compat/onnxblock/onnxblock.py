@@ -1,4 +1,5 @@
 """``ForwardBlock`` (builds a forward model) and ``TrainingBlock`` (adds the gradient graph)."""
+
 from __future__ import annotations
 
 from abc import abstractmethod
@@ -84,7 +85,8 @@ class TrainingBlock(blocks.Block):
         _graph_utils.register_graph_outputs(model, output)
         self._parameters = training_model.get_model_parameters(model, self._requires_grad, self._frozen_params)
         self._training_model, self._eval_model = training_model.build_gradient_graph(
-            model, self._requires_grad, self._frozen_params, output)
+            model, self._requires_grad, self._frozen_params, output
+        )
         training_model.build_gradient_accumulation_graph(self._training_model, self._requires_grad)
         accessor.current().model.CopyFrom(self._training_model)
         return output

@@ -12,6 +12,7 @@ The conventions here are what ORT's training runtime (and ``ort_torch_compat.api
 * the eval model is the forward model with Dropout's training input cleared and
   BatchNormalization in inference mode.
 """
+
 from __future__ import annotations
 
 import copy
@@ -26,8 +27,9 @@ MAX_ORT_IR_VERSION = 10
 LAZY_RESET_GRAD = "lazy_reset_grad"
 
 
-def get_model_parameters(model: onnx.ModelProto, requires_grad: Set[str],
-                         frozen_params: Set[str]) -> Tuple[List[onnx.TensorProto], List[onnx.TensorProto]]:
+def get_model_parameters(
+    model: onnx.ModelProto, requires_grad: Set[str], frozen_params: Set[str]
+) -> Tuple[List[onnx.TensorProto], List[onnx.TensorProto]]:
     """``(trainable, frozen)`` initializers, each in the model's initializer order."""
     trainable = [init for init in model.graph.initializer if init.name in requires_grad]
     frozen = [init for init in model.graph.initializer if init.name in frozen_params and init.name not in requires_grad]
@@ -41,8 +43,7 @@ def _move_initializers_to_inputs(model: onnx.ModelProto, names: Set[str]) -> Non
     for init in model.graph.initializer:
         if not names or init.name in names:
             if init.name not in inputs:
-                model.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type,
-                                                                            list(init.dims)))
+                model.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
         else:
             kept.append(init)
     del model.graph.initializer[:]
@@ -89,8 +90,9 @@ def _reorder_outputs(model: onnx.ModelProto, user_outputs: Sequence[str], requir
     model.graph.output.extend(ordered)
 
 
-def build_gradient_graph(model: onnx.ModelProto, requires_grad: Set[str], frozen_params: Set[str],
-                         output_names: Union[List[str], str]) -> Tuple[onnx.ModelProto, onnx.ModelProto]:
+def build_gradient_graph(
+    model: onnx.ModelProto, requires_grad: Set[str], frozen_params: Set[str], output_names: Union[List[str], str]
+) -> Tuple[onnx.ModelProto, onnx.ModelProto]:
     """``(training model, eval model)`` from a shape-inferred forward model whose outputs are ``output_names``.
 
     Backpropagation starts at ``output_names[0]``.  ``model`` is modified (parameters
@@ -125,9 +127,15 @@ def build_gradient_accumulation_graph(grad_model: onnx.ModelProto, requires_grad
             continue
         buffer_name = f"{output.name}.accumulation.buffer"
         flag_name = f"{output.name}.accumulation.out"
-        graph.node.append(onnx.helper.make_node(
-            "InPlaceAccumulatorV2", [buffer_name, output.name, LAZY_RESET_GRAD], [flag_name],
-            name=f"GradientAccumulator{position}", domain="com.microsoft"))
+        graph.node.append(
+            onnx.helper.make_node(
+                "InPlaceAccumulatorV2",
+                [buffer_name, output.name, LAZY_RESET_GRAD],
+                [flag_name],
+                name=f"GradientAccumulator{position}",
+                domain="com.microsoft",
+            )
+        )
         buffer = copy.deepcopy(output)
         buffer.name = buffer_name
         graph.input.append(buffer)

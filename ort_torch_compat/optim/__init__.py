@@ -5,6 +5,7 @@ SGDOptimizerV2), `clip_grad_norm` (InplaceClipGradNorm, before either).  `legacy
 TrainingSession (SGDOptimizer, AdamOptimizer, LambOptimizer), as functional kernels and
 torch optimizers over them.
 """
+
 from .adamw import adamw_step
 from .artifact import OptimizerSpec, parse_optimizer_model
 from .clip_grad_norm import clip_grad_norm_
@@ -14,5 +15,16 @@ from .legacy_sgd import LegacySGD
 from .lr_schedule import linear_lr_factor
 from .sgd import sgd_step
 
-__all__ = ["adamw_step", "sgd_step", "clip_grad_norm_", "linear_lr_factor", "OptimizerSpec", "parse_optimizer_model",
-           "LegacySGD", "LegacyAdam", "legacy_adam_step", "Lamb", "lamb_step"]
+__all__ = [
+    "adamw_step",
+    "sgd_step",
+    "clip_grad_norm_",
+    "linear_lr_factor",
+    "OptimizerSpec",
+    "parse_optimizer_model",
+    "LegacySGD",
+    "LegacyAdam",
+    "legacy_adam_step",
+    "Lamb",
+    "lamb_step",
+]

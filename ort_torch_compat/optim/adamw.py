@@ -17,6 +17,7 @@ the parameters' device (torch < 2.4 has no CPU kernel: probed once per device ty
 op exists everywhere but fails at run time), except when lr*wd >= 1 in mode 1, where
 the rewrite would divide by 1 - lr*wd <= 0 (ORT's formula then zeroes or flips the weights).
 """
+
 from __future__ import annotations
 
 import math
@@ -35,9 +36,21 @@ def fused_available(device_type: str) -> bool:
         return False
     one = [torch.zeros(1, device=device_type)]
     try:
-        torch._fused_adamw_(one, [torch.zeros(1, device=device_type)], [torch.zeros(1, device=device_type)],
-                            [torch.zeros(1, device=device_type)], [], [torch.ones((), device=device_type)],
-                            lr=0.1, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+        torch._fused_adamw_(
+            one,
+            [torch.zeros(1, device=device_type)],
+            [torch.zeros(1, device=device_type)],
+            [torch.zeros(1, device=device_type)],
+            [],
+            [torch.ones((), device=device_type)],
+            lr=0.1,
+            beta1=0.9,
+            beta2=0.999,
+            weight_decay=0.0,
+            eps=1e-8,
+            amsgrad=False,
+            maximize=False,
+        )
     except (RuntimeError, NotImplementedError):
         return False
     return True
@@ -61,16 +74,34 @@ def adamw_step(
 ) -> None:
     """Update params and moments in place; `step` is the 1-based step ORT feeds the kernel."""
     decays_past_zero = adam_mode == 1 and float(f32(lr) * f32(weight_decay)) >= 1.0
-    use_fused = (correct_bias and not decays_past_zero and (fused is None or fused) and bool(params)
-                 and fused_available(params[0].device.type))
+    use_fused = (
+        correct_bias
+        and not decays_past_zero
+        and (fused is None or fused)
+        and bool(params)
+        and fused_available(params[0].device.type)
+    )
     kernel = _fused if use_fused else _reference
     with torch.no_grad():
-        kernel(params, grads, exp_avgs, exp_avg_sqs, lr=lr, step=step, alpha=alpha, beta=beta,
-               epsilon=epsilon, weight_decay=weight_decay, adam_mode=adam_mode, correct_bias=correct_bias)
+        kernel(
+            params,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
+            lr=lr,
+            step=step,
+            alpha=alpha,
+            beta=beta,
+            epsilon=epsilon,
+            weight_decay=weight_decay,
+            adam_mode=adam_mode,
+            correct_bias=correct_bias,
+        )
 
 
-def _reference(params, grads, exp_avgs, exp_avg_sqs, *, lr, step, alpha, beta, epsilon, weight_decay, adam_mode,
-               correct_bias):
+def _reference(
+    params, grads, exp_avgs, exp_avg_sqs, *, lr, step, alpha, beta, epsilon, weight_decay, adam_mode, correct_bias
+):
     lr32, a, b, eps, wd = float32_scalars(lr, alpha, beta, epsilon, weight_decay)
     ac, bc = bias_corrections(a, b, step, correct_bias, legacy=False)
     for w, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
@@ -89,8 +120,9 @@ def _reference(params, grads, exp_avgs, exp_avg_sqs, *, lr, step, alpha, beta, e
             w.addcdiv_(m, denom, value=float(-lr32))
 
 
-def _fused(params, grads, exp_avgs, exp_avg_sqs, *, lr, step, alpha, beta, epsilon, weight_decay, adam_mode,
-           correct_bias):
+def _fused(
+    params, grads, exp_avgs, exp_avg_sqs, *, lr, step, alpha, beta, epsilon, weight_decay, adam_mode, correct_bias
+):
     lr, wd, eps, a, b = (float(x) for x in float32_scalars(lr, weight_decay, epsilon, alpha, beta))
     if adam_mode == 1:
         _, bc = bias_corrections(a, b, step, True, legacy=False)
@@ -101,5 +133,18 @@ def _fused(params, grads, exp_avgs, exp_avg_sqs, *, lr, step, alpha, beta, epsil
     # kernels' rule): one step tensor serves every parameter (a tensor per parameter cost
     # ~1.5 us each, per step; so does asking each parameter for its device).
     steps = [torch.full((), float(step), dtype=torch.float32, device=params[0].device)] * len(params) if params else []
-    torch._fused_adamw_(list(params), list(grads), list(exp_avgs), list(exp_avg_sqs), [], steps,
-                        lr=lr, beta1=a, beta2=b, weight_decay=wd, eps=eps, amsgrad=False, maximize=False)
+    torch._fused_adamw_(
+        list(params),
+        list(grads),
+        list(exp_avgs),
+        list(exp_avg_sqs),
+        [],
+        steps,
+        lr=lr,
+        beta1=a,
+        beta2=b,
+        weight_decay=wd,
+        eps=eps,
+        amsgrad=False,
+        maximize=False,
+    )

@@ -7,6 +7,7 @@ fixed inputs, optionally preceded by a com.microsoft InplaceClipGradNorm on the 
 the nodes' attributes, since the arithmetic is reproduced by our own kernels.  Any other node
 is refused: ORT would run it, we would not.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -26,17 +27,20 @@ ADAMW_DEFAULTS = {"alpha": 0.9, "beta": 0.999, "epsilon": 1e-8, "weight_decay": 
 
 @dataclass
 class OptimizerSpec:
-    kind: str                                # "AdamW" or "SGD"
+    kind: str  # "AdamW" or "SGD"
     attributes: Dict[str, float] = field(default_factory=dict)
     moment_names: List[str] = field(default_factory=list)
-    clip_max_norm: Optional[float] = None    # InplaceClipGradNorm's max_norm, when the model clips
+    clip_max_norm: Optional[float] = None  # InplaceClipGradNorm's max_norm, when the model clips
 
 
 def parse_optimizer_model(model: "onnx.ModelProto", name: str) -> OptimizerSpec:
     import onnx  # loaded with the model already; not at package import
 
-    ops = [node for node in model.graph.node if node.domain == "com.microsoft"
-           and node.op_type in ("AdamWOptimizer", "SGDOptimizerV2")]
+    ops = [
+        node
+        for node in model.graph.node
+        if node.domain == "com.microsoft" and node.op_type in ("AdamWOptimizer", "SGDOptimizerV2")
+    ]
     if len(ops) != 1:
         found = sorted({f"{node.domain or 'ai.onnx'}::{node.op_type}" for node in model.graph.node})
         raise ModelLoadError(
@@ -73,7 +77,9 @@ def _clip_max_norm(model: "onnx.ModelProto", optimizer: "onnx.NodeProto", name: 
             f"optimizer model {name}: nodes {unknown or ['InplaceClipGradNorm'] * len(clips)} besides "
             f"{optimizer.op_type} are not supported (only one com.microsoft InplaceClipGradNorm on the gradients)"
         )
-    position = 3 if optimizer.op_type == "AdamWOptimizer" else 2  # (lr, step, params, gradients, ...) / (lr, params, gradients)
+    position = (
+        3 if optimizer.op_type == "AdamWOptimizer" else 2
+    )  # (lr, step, params, gradients, ...) / (lr, params, gradients)
     gradients = optimizer.input[position] if len(optimizer.input) > position else ""
     if not clips:
         if gradients != "gradients":
@@ -89,6 +95,8 @@ def _clip_max_norm(model: "onnx.ModelProto", optimizer: "onnx.NodeProto", name: 
     norm_type = attributes.get("norm_type", b"fro")
     norm_type = norm_type.decode() if isinstance(norm_type, bytes) else norm_type
     if norm_type != "fro":
-        raise ModelLoadError(f"optimizer model {name}: InplaceClipGradNorm norm_type '{norm_type}' is not supported "
-                             "(ORT supports 'fro' only)")
+        raise ModelLoadError(
+            f"optimizer model {name}: InplaceClipGradNorm norm_type '{norm_type}' is not supported "
+            "(ORT supports 'fro' only)"
+        )
     return float(attributes.get("max_norm", 1.0))

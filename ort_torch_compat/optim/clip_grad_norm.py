@@ -5,6 +5,7 @@ Over all the gradients together: total = sqrt(sum of squares), in float32 like O
 kernel; coefficient = min(max_norm / (total + 1e-6), 1); every gradient is multiplied by it
 in place (ORT scales its gradient buffers, so the clipped values stay until the next reset).
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Optional
@@ -26,8 +27,9 @@ def clip_grad_norm_(grads: Iterable[Optional[torch.Tensor]], max_norm: float) ->
         flat = g.float()
         total = total + (flat * flat).sum().to(total.device)
     norm = total.sqrt()
-    coefficient = torch.clamp(torch.tensor(max_norm, dtype=torch.float32, device=norm.device) / (norm + EPSILON),
-                              max=1.0)
+    coefficient = torch.clamp(
+        torch.tensor(max_norm, dtype=torch.float32, device=norm.device) / (norm + EPSILON), max=1.0
+    )
     for g in present:
         g.mul_(coefficient.to(device=g.device, dtype=g.dtype))
     return norm

@@ -14,6 +14,7 @@ coefficient):
 The two differ in float32's last bits as soon as coefficient**t is not a float32 (t >= 2),
 which is why `bias_correction` takes the kernel's rule as an argument.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,8 +35,9 @@ def bias_correction(coefficient: float, step: int, *, legacy: bool) -> np.float3
     return f32(1.0) - f32(power)
 
 
-def bias_corrections(alpha: float, beta: float, step: int, enabled: bool, *,
-                     legacy: bool) -> Tuple[np.float32, np.float32]:
+def bias_corrections(
+    alpha: float, beta: float, step: int, enabled: bool, *, legacy: bool
+) -> Tuple[np.float32, np.float32]:
     """(1 - alpha**step, 1 - beta**step) as `bias_correction` rounds them; (1, 1) when not `enabled`."""
     if not enabled:
         return f32(1.0), f32(1.0)

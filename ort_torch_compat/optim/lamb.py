@@ -18,6 +18,7 @@ gradients when gradient-norm clipping is on, and per weight:
 
 in float32 with float32 scalars.  Source lines: docs/legacy.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -92,16 +93,33 @@ class Lamb(MomentOptimizer):
 
     op_type = "LambOptimizer"
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3, alpha: float = 0.9, beta: float = 0.999,
-                 lambda_: float = 0.0, epsilon: float = 1e-6, max_norm_clip: float = 1.0, *,
-                 ratio_min: float = -math.inf, ratio_max: float = math.inf, do_bias_correction: bool = False,
-                 clip_grad_norm: bool = True):
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        alpha: float = 0.9,
+        beta: float = 0.999,
+        lambda_: float = 0.0,
+        epsilon: float = 1e-6,
+        max_norm_clip: float = 1.0,
+        *,
+        ratio_min: float = -math.inf,
+        ratio_max: float = math.inf,
+        do_bias_correction: bool = False,
+        clip_grad_norm: bool = True,
+    ):
         self.ratio_min, self.ratio_max = ratio_min, ratio_max
         self.do_bias_correction = bool(do_bias_correction)
         self.clip_grad_norm = bool(clip_grad_norm)
         self.step_count = 1
-        defaults = {"lr": lr, "alpha": alpha, "beta": beta, "lambda": lambda_, "epsilon": epsilon,
-                    "max_norm_clip": max_norm_clip}
+        defaults = {
+            "lr": lr,
+            "alpha": alpha,
+            "beta": beta,
+            "lambda": lambda_,
+            "epsilon": epsilon,
+            "max_norm_clip": max_norm_clip,
+        }
         super().__init__(params, defaults)
 
     def check_group(self, group: Dict[str, Any], owner: str) -> None:
@@ -114,9 +132,21 @@ class Lamb(MomentOptimizer):
         everything = [p.grad for _, params, _ in with_grads for p in params]
         norm = global_norm(everything) if self.clip_grad_norm and everything else None
         for group, params, states in with_grads:
-            lamb_step(params, [p.grad for p in params], [s["moment_1"] for s in states],
-                      [s["moment_2"] for s in states], lr=group["lr"], step=self.step_count, alpha=group["alpha"],
-                      beta=group["beta"], lambda_=group["lambda"], epsilon=group["epsilon"],
-                      max_norm_clip=group["max_norm_clip"], grad_norm=norm, ratio_min=self.ratio_min,
-                      ratio_max=self.ratio_max, do_bias_correction=self.do_bias_correction)
+            lamb_step(
+                params,
+                [p.grad for p in params],
+                [s["moment_1"] for s in states],
+                [s["moment_2"] for s in states],
+                lr=group["lr"],
+                step=self.step_count,
+                alpha=group["alpha"],
+                beta=group["beta"],
+                lambda_=group["lambda"],
+                epsilon=group["epsilon"],
+                max_norm_clip=group["max_norm_clip"],
+                grad_norm=norm,
+                ratio_min=self.ratio_min,
+                ratio_max=self.ratio_max,
+                do_bias_correction=self.do_bias_correction,
+            )
         self.step_count += 1

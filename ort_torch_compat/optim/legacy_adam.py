@@ -17,6 +17,7 @@ numbers are ORT's to the last bit where torch rounds like Eigen.  The CPU kernel
 gradient norm: unlike ORT's CUDA kernel it never clips (`max_norm_clip` has no effect),
 and it applies no loss scale.  Source lines: docs/legacy.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -74,11 +75,26 @@ class LegacyAdam(MomentOptimizer):
 
     op_type = "AdamOptimizer"
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3, alpha: float = 0.9, beta: float = 0.999,
-                 lambda_: float = 0.0, epsilon: float = 1e-8, do_bias_correction: bool = True,
-                 weight_decay_mode: int = 0):
-        defaults = {"lr": lr, "alpha": alpha, "beta": beta, "lambda": lambda_, "epsilon": epsilon,
-                    "do_bias_correction": int(do_bias_correction), "weight_decay_mode": weight_decay_mode}
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        alpha: float = 0.9,
+        beta: float = 0.999,
+        lambda_: float = 0.0,
+        epsilon: float = 1e-8,
+        do_bias_correction: bool = True,
+        weight_decay_mode: int = 0,
+    ):
+        defaults = {
+            "lr": lr,
+            "alpha": alpha,
+            "beta": beta,
+            "lambda": lambda_,
+            "epsilon": epsilon,
+            "do_bias_correction": int(do_bias_correction),
+            "weight_decay_mode": weight_decay_mode,
+        }
         super().__init__(params, defaults)
 
     def check_group(self, group: Dict[str, Any], owner: str) -> None:
@@ -93,9 +109,18 @@ class LegacyAdam(MomentOptimizer):
     def step(self) -> None:  # type: ignore[override]  (gradients are computed beforehand: no closure)
         for group, params, states in self.params_with_grads():
             legacy_adam_step(
-                params, [p.grad for p in params], [s["moment_1"] for s in states], [s["moment_2"] for s in states],
-                [s["update_count"] for s in states], lr=group["lr"], alpha=group["alpha"], beta=group["beta"],
-                lambda_=group["lambda"], epsilon=group["epsilon"], do_bias_correction=bool(group["do_bias_correction"]),
-                weight_decay_mode=group["weight_decay_mode"])
+                params,
+                [p.grad for p in params],
+                [s["moment_1"] for s in states],
+                [s["moment_2"] for s in states],
+                [s["update_count"] for s in states],
+                lr=group["lr"],
+                alpha=group["alpha"],
+                beta=group["beta"],
+                lambda_=group["lambda"],
+                epsilon=group["epsilon"],
+                do_bias_correction=bool(group["do_bias_correction"]),
+                weight_decay_mode=group["weight_decay_mode"],
+            )
             for state in states:
                 state["update_count"] += 1

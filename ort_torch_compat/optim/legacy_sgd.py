@@ -5,6 +5,7 @@ gradient clipping: the formula of the SGDOptimizerV2 kernel that `sgd.sgd_step`
 reproduces, so this class runs that kernel.  (ORT's CPU kernel rounds -lr * g before the
 addition, `sgd_step` fuses the two: the weights can differ in the last bit.)
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable

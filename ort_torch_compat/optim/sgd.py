@@ -1,4 +1,5 @@
 """ORT's SGDOptimizerV2 kernel: w = w + (-lr * g); no momentum, no weight decay."""
+
 from __future__ import annotations
 
 from typing import Sequence

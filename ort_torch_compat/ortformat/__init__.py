@@ -4,6 +4,7 @@
 `read_ort_model(data)` converts the model to an `onnx.ModelProto` or raises `OrtFormatError`.
 Neither imports torch or onnxruntime (onnx is imported when a model is read).
 """
+
 from .model import FILE_IDENTIFIER, OrtFormatError, is_ort_format, read_ort_model, runtime_optimization_summary
 
 __all__ = ["FILE_IDENTIFIER", "OrtFormatError", "is_ort_format", "read_ort_model", "runtime_optimization_summary"]

@@ -13,6 +13,7 @@ position inside the table.  Strings, vectors and sub-tables are reached by a uin
 the place the offset is stored, always forwards; a vector or string starts with its uint32
 element count.
 """
+
 from __future__ import annotations
 
 import struct
@@ -45,13 +46,15 @@ class Buffer:
     def charge(self, amount: int, what: str) -> None:
         self.budget -= amount
         if self.budget < 0:
-            raise FlatbufferError(f"{what}: the file refers to more data than it holds (shared or repeated "
-                                  "objects beyond any real model)")
+            raise FlatbufferError(
+                f"{what}: the file refers to more data than it holds (shared or repeated objects beyond any real model)"
+            )
 
     def check(self, position: int, length: int, what: str) -> None:
         if position < 0 or length < 0 or position + length > self.size:
-            raise FlatbufferError(f"{what}: {length} byte(s) at offset {position} lie outside the "
-                                  f"{self.size}-byte file")
+            raise FlatbufferError(
+                f"{what}: {length} byte(s) at offset {position} lie outside the {self.size}-byte file"
+            )
 
     def scalar(self, kind: str, position: int, what: str):
         packer = SCALARS[kind]
@@ -120,7 +123,7 @@ class Table:
         length = self.buf.scalar("u32", start, what)
         self.buf.check(start + 4, length, what)
         self.buf.charge(length, what)
-        return self.buf.data[start + 4:start + 4 + length]
+        return self.buf.data[start + 4 : start + 4 + length]
 
     def bytes(self, slot: int, what: str) -> Optional[bytes]:
         """A string field as bytes (ONNX string attributes and tensors hold bytes), or None."""
@@ -142,8 +145,10 @@ class Table:
             return None, 0
         count = self.buf.scalar("u32", target, what)
         if count * element_size > self.buf.size - target - 4:
-            raise FlatbufferError(f"{what}: a vector of {count} element(s) of {element_size} byte(s) at offset "
-                                  f"{target} does not fit in the {self.buf.size}-byte file")
+            raise FlatbufferError(
+                f"{what}: a vector of {count} element(s) of {element_size} byte(s) at offset "
+                f"{target} does not fit in the {self.buf.size}-byte file"
+            )
         self.buf.charge(count * max(element_size, 1), what)
         return target + 4, count
 
@@ -157,7 +162,7 @@ class Table:
     def raw(self, slot: int, what: str) -> Optional[bytes]:
         """A [ubyte] vector as bytes, or None when absent."""
         start, count = self._vector(slot, 1, what)
-        return None if start is None else self.buf.data[start:start + count]
+        return None if start is None else self.buf.data[start : start + count]
 
     def tables(self, slot: int, what: str) -> List["Table"]:
         start, count = self._vector(slot, 4, what)

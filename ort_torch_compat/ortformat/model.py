@@ -17,6 +17,7 @@ no field for them), and graphs carrying runtime-optimization records (saved by
 this package does not, and says which optimizer and actions are recorded.  Runtime-optimized
 files without records hold exactly the graph they would without the option and load as such.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, List
@@ -46,8 +47,27 @@ def is_ort_format(data: bytes) -> bool:
 
 
 # TensorDataType (and TensorProto) codes whose elements have a fixed byte size.
-_ELEMENT_SIZES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16,
-                  16: 2, 17: 1, 18: 1, 19: 1, 20: 1}
+_ELEMENT_SIZES = {
+    1: 4,
+    2: 1,
+    3: 1,
+    4: 2,
+    5: 2,
+    6: 4,
+    7: 8,
+    9: 1,
+    10: 2,
+    11: 8,
+    12: 4,
+    13: 8,
+    14: 8,
+    15: 16,
+    16: 2,
+    17: 1,
+    18: 1,
+    19: 1,
+    20: 1,
+}
 _STRING = 8
 
 # AttributeType codes (equal to onnx.AttributeProto.AttributeType).
@@ -104,9 +124,11 @@ class _Reader:
         session = self.buf.root("InferenceSession")
         version = session.string(4, "ORT format version")
         if version not in SUPPORTED_VERSIONS:
-            raise OrtFormatError(f"ORT format version {version!r} is not supported (onnxruntime 1.19 loads versions "
-                                 f"{', '.join(SUPPORTED_VERSIONS)}; re-convert the model with "
-                                 "onnxruntime.tools.convert_onnx_models_to_ort)")
+            raise OrtFormatError(
+                f"ORT format version {version!r} is not supported (onnxruntime 1.19 loads versions "
+                f"{', '.join(SUPPORTED_VERSIONS)}; re-convert the model with "
+                "onnxruntime.tools.convert_onnx_models_to_ort)"
+            )
         model = session.table(6, "model")
         if model is None:
             raise OrtFormatError("the ORT-format file holds no model")
@@ -142,7 +164,8 @@ class _Reader:
             described = "; ".join(f"{optimizer}: {sorted(set(actions))}" for optimizer, actions in records.items())
             raise OrtFormatError(
                 f"graph '{name}' carries runtime optimization records ({described}), which onnxruntime replays only "
-                "in minimal builds and this package does not apply; convert with --optimization_style Fixed")
+                "in minimal builds and this package does not apply; convert with --optimization_style Fixed"
+            )
         for tensor in table.tables(4, f"initializers of graph '{name}'"):
             out.initializer.append(self._tensor(tensor, f"initializer of graph '{name}'"))
         for sparse in table.tables(18, f"sparse initializers of graph '{name}'"):
@@ -229,8 +252,10 @@ class _Reader:
         _set_text(node, "domain", table.string(8, f"domain of {what}"))
         node.op_type = table.string(14, f"op type of {what}")
         if table.scalar(16, "i32") != 0:
-            raise OrtFormatError(f"{what} ({node.op_type}) is a fused node, which only a compiling execution provider "
-                                 "makes; this package runs primitive ONNX nodes")
+            raise OrtFormatError(
+                f"{what} ({node.op_type}) is a fused node, which only a compiling execution provider "
+                "makes; this package runs primitive ONNX nodes"
+            )
         node.input.extend(table.texts(20, f"inputs of {what}"))
         node.output.extend(table.texts(22, f"outputs of {what}"))
         for attribute in table.tables(24, f"attributes of {what}"):
@@ -292,8 +317,10 @@ class _Reader:
         tensor.dims.extend(dims)
         tensor.data_type = table.scalar(10, "i32")
         if table.scalar(16, "i64", default=-1) >= 0:
-            raise OrtFormatError(f"{what} keeps its data outside the model file (external_data_offset), which "
-                                 "ORT-format models loaded from one file cannot locate")
+            raise OrtFormatError(
+                f"{what} keeps its data outside the model file (external_data_offset), which "
+                "ORT-format models loaded from one file cannot locate"
+            )
         count = 1
         for d in dims:
             count *= d
@@ -313,8 +340,10 @@ class _Reader:
         else:
             expected = count * size
         if len(raw) != expected:
-            raise OrtFormatError(f"{what} declares dims {dims} of data type {tensor.data_type} ({expected} bytes) but "
-                                 f"holds {len(raw)} bytes")
+            raise OrtFormatError(
+                f"{what} declares dims {dims} of data type {tensor.data_type} ({expected} bytes) but "
+                f"holds {len(raw)} bytes"
+            )
         tensor.raw_data = raw
         return tensor
 

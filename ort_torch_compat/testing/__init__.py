@@ -9,6 +9,7 @@ the package is installed from (``pip install -e .``): ``REPO``.  Heavy optional 
 (onnxruntime-training, transformers, torchvision) are imported inside the functions that need
 them.
 """
+
 import pathlib
 
 #: The repository checkout (an editable install's source tree): tests/fixtures/, examples/, scripts/.

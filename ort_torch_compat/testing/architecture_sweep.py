@@ -7,6 +7,7 @@ and the tolerances); ``tests/test_architecture_sweep.py`` runs a fast subset thr
 torch, transformers, torchvision and onnxruntime-training are imported by the functions that
 need them.
 """
+
 from __future__ import annotations
 
 import copy
@@ -38,7 +39,7 @@ def short_error(error: BaseException, limit: int = 400) -> str:
     import re
 
     text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", f"{type(error).__name__}: {error}").split())
-    return text if len(text) <= limit else text[:120] + " ... " + text[-(limit - 125):]
+    return text if len(text) <= limit else text[:120] + " ... " + text[-(limit - 125) :]
 
 
 # ---------------------------------------------------------------- export
@@ -54,15 +55,31 @@ def export(case, exporter: str):
         warnings.simplefilter("ignore")
         if exporter == "ts17":
             buffer = io.BytesIO()
-            torch.onnx.export(model, args, buffer, dynamo=False, opset_version=17, input_names=names,
-                              output_names=["logits"], training=torch.onnx.TrainingMode.TRAINING,
-                              do_constant_folding=False)
+            torch.onnx.export(
+                model,
+                args,
+                buffer,
+                dynamo=False,
+                opset_version=17,
+                input_names=names,
+                output_names=["logits"],
+                training=torch.onnx.TrainingMode.TRAINING,
+                do_constant_folding=False,
+            )
             return onnx.load_from_string(buffer.getvalue())
         opset = {"dyn18": 18, "dyn17": 17}[exporter]
         # optimize=False: the default optimizer folds Transpose/Reshape of weights into new
         # initializers (val_17, ...), and most parameters are then no longer trainable by name.
-        program = torch.onnx.export(model, args, dynamo=True, opset_version=opset, input_names=names,
-                                    output_names=["logits"], verbose=False, optimize=False)
+        program = torch.onnx.export(
+            model,
+            args,
+            dynamo=True,
+            opset_version=opset,
+            input_names=names,
+            output_names=["logits"],
+            verbose=False,
+            optimize=False,
+        )
         return program.model_proto
 
 
@@ -115,7 +132,7 @@ def referee(case, trainable: List[str], data, labels, perturb: int = 0, dtype: s
         with torch.no_grad():
             for p in params.values():
                 sign = torch.randint(0, 2, p.shape, generator=generator, dtype=torch.float64) * 2 - 1
-                p.mul_(1 + sign * 2.0 ** -24)
+                p.mul_(1 + sign * 2.0**-24)
     train = [params[name] for name in trainable]
     for p in model.parameters():
         p.requires_grad_(False)
@@ -173,9 +190,14 @@ def ort_artifacts(model, trainable: List[str], directory: pathlib.Path) -> None:
     from onnxruntime.training import artifacts
 
     prepared = prep.prepare_model(copy.deepcopy(model))
-    artifacts.generate_artifacts(prepared, requires_grad=trainable, frozen_params=[],
-                                 loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.AdamW,
-                                 artifact_directory=str(directory))
+    artifacts.generate_artifacts(
+        prepared,
+        requires_grad=trainable,
+        frozen_params=[],
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=str(directory),
+    )
     for path in directory.glob("*.onnx"):
         prep.patch_ir_version_file(path)
     assert onnx.load(str(directory / "training_model.onnx"), load_external_data=False).ir_version <= 10
@@ -184,9 +206,14 @@ def ort_artifacts(model, trainable: List[str], directory: pathlib.Path) -> None:
 def our_artifacts(model, trainable: List[str], directory: pathlib.Path) -> None:
     from ort_torch_compat import artifacts
 
-    artifacts.generate_artifacts(copy.deepcopy(model), requires_grad=trainable, frozen_params=[],
-                                 loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.AdamW,
-                                 artifact_directory=str(directory))
+    artifacts.generate_artifacts(
+        copy.deepcopy(model),
+        requires_grad=trainable,
+        frozen_params=[],
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=str(directory),
+    )
 
 
 # ---------------------------------------------------------------- comparison
@@ -215,7 +242,7 @@ def update_error(run: Optional[Dict[str, Any]], ref: Dict[str, Any], start: Dict
         u_ref = final - start[name]
         u_run = run["params"][name].astype(np.float64) - start[name]
         num += float(np.sum((u_run - u_ref) ** 2))
-        den += float(np.sum(u_ref ** 2))
+        den += float(np.sum(u_ref**2))
     return (num / den) ** 0.5 if den else 0.0
 
 
@@ -224,11 +251,17 @@ def ort_reason(message: str) -> str:
     import re
 
     for pattern, template in (
-            (r"has not been registered: (\S+) for node (.*)$", "no gradient builder for {0} (node {1})"),
-            (r"Could not find an implementation for (\S+?)\(\d+\) node with name '([^']*)'", "no kernel for {0} (node {1})"),
-            (r"Cannot compute the partial derivative for '([^']*)' as it's unreachable",
-             "its gradient graph finds parameter {0} unreachable from the loss"),
-            (r"\[ONNXRuntimeError\] : \d+ : (.*)$", "{0}")):
+        (r"has not been registered: (\S+) for node (.*)$", "no gradient builder for {0} (node {1})"),
+        (
+            r"Could not find an implementation for (\S+?)\(\d+\) node with name '([^']*)'",
+            "no kernel for {0} (node {1})",
+        ),
+        (
+            r"Cannot compute the partial derivative for '([^']*)' as it's unreachable",
+            "its gradient graph finds parameter {0} unreachable from the loss",
+        ),
+        (r"\[ONNXRuntimeError\] : \d+ : (.*)$", "{0}"),
+    ):
         match = re.search(pattern, message)
         if match:
             return template.format(*(g.strip()[:160] for g in match.groups()))
@@ -265,16 +298,22 @@ def classify(record: Dict[str, Any]) -> Dict[str, str]:
     if ort_failed is not None:
         stage = "generate_artifacts" if "ort_generate" in stages else "training"
         if dev["ours"] is not None and dev["ours"] > max(REF_TOL, _noise(record)):
-            return {"class": "OURS-OFF", "why": f"ORT fails ({stage}); ours is {dev['ours']:.2g} off the float64 referee"}
+            return {
+                "class": "OURS-OFF",
+                "why": f"ORT fails ({stage}); ours is {dev['ours']:.2g} off the float64 referee",
+            }
         return {"class": "ORT-FAIL", "why": f"ORT {stage}: {ort_reason(ort_failed)}"}
     if record["pair_deviation"] <= PAIR_TOL:
         return {"class": "MATCH", "why": ""}
     noise = _noise(record)
     if noise > PAIR_TOL and max(dev["ours"], dev["ort"]) <= noise:
-        return {"class": "MATCH", "why": f"ill-conditioned: float32 rounding alone (eager torch in float32 "
-                                         f"{record.get('eager_float32_deviation') or 0:.2g}, half an ulp on the "
-                                         f"parameters {record.get('sensitivity') or 0:.2g}) moves the losses that "
-                                         f"much; ORT {dev['ort']:.2g}, ours {dev['ours']:.2g} off the float64 referee"}
+        return {
+            "class": "MATCH",
+            "why": f"ill-conditioned: float32 rounding alone (eager torch in float32 "
+            f"{record.get('eager_float32_deviation') or 0:.2g}, half an ulp on the "
+            f"parameters {record.get('sensitivity') or 0:.2g}) moves the losses that "
+            f"much; ORT {dev['ort']:.2g}, ours {dev['ours']:.2g} off the float64 referee",
+        }
     if dev["ours"] < dev["ort"]:
         return {"class": "ORT-OFF", "why": f"ORT {dev['ort']:.2g} vs ours {dev['ours']:.2g} off the float64 referee"}
     return {"class": "OURS-OFF", "why": f"ours {dev['ours']:.2g} vs ORT {dev['ort']:.2g} off the float64 referee"}
@@ -333,13 +372,19 @@ def run_case(arch: str, exporter: str, workdir: pathlib.Path) -> Dict[str, Any]:
         from onnxruntime.training import api as ort_api
     except ImportError:
         ort_api = None
-    if ort_api is not None and timed("ort_generate", lambda: ort_artifacts(model, trainable, ort_dir)) is None \
-            and "ort_generate" not in stages:
+    if (
+        ort_api is not None
+        and timed("ort_generate", lambda: ort_artifacts(model, trainable, ort_dir)) is None
+        and "ort_generate" not in stages
+    ):
         runs["ort"] = timed("ort_train", lambda: train(ort_api, ort_dir, trainable, data, labels))
         runs["ours_on_ort"] = timed("ours_on_ort_train", lambda: train(ours_api, ort_dir, trainable, data, labels))
     elif ort_api is None:
         stages["ort_generate"] = "onnxruntime-training is not installed"
-    if timed("ours_generate", lambda: our_artifacts(model, trainable, our_dir)) is None and "ours_generate" not in stages:
+    if (
+        timed("ours_generate", lambda: our_artifacts(model, trainable, our_dir)) is None
+        and "ours_generate" not in stages
+    ):
         runs["ours"] = timed("ours_train", lambda: train(ours_api, our_dir, trainable, data, labels))
     record["losses"] = {k: (v["losses"] if v else None) for k, v in runs.items()}
     ref = runs.get("ref")
@@ -354,8 +399,12 @@ def run_case(arch: str, exporter: str, workdir: pathlib.Path) -> Dict[str, Any]:
         record["pair_deviation"] = pair_deviation(runs["ours"], runs["ort"])
     if ref is None and "ours_generate" not in stages and "ours_train" not in stages:
         if runs.get("ort") and runs.get("ours"):
-            record.update({"class": "MATCH" if record["pair_deviation"] <= PAIR_TOL else "OURS-OFF",
-                           "why": "no float64 referee: " + stages["referee"]})
+            record.update(
+                {
+                    "class": "MATCH" if record["pair_deviation"] <= PAIR_TOL else "OURS-OFF",
+                    "why": "no float64 referee: " + stages["referee"],
+                }
+            )
             return record
     record.update(classify(record))
     return record

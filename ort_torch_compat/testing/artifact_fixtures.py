@@ -7,6 +7,7 @@ runs it on ``onnxruntime.training.api``.  ``scripts/make_artifact_fixtures.py`` 
 fixtures with these and ``tests/test_artifacts_parity.py`` re-exports a fixture model with them.
 torch, onnx and onnxruntime-training are imported by the functions that need them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -65,8 +66,14 @@ CONFIGS: List[Config] = [
     Config("lstm", "l1", "sgd", 14),
     Config("tensorops", "mse", "adamw", 17),
     Config("frozen", "ce", "adamw", 17),
-    Config("twoout", "mse", "adamw", 17,
-           {"kwargs": {"loss_input_names": ["y"], "additional_output_names": ["aux"]}}, "_lossinput_addout"),
+    Config(
+        "twoout",
+        "mse",
+        "adamw",
+        17,
+        {"kwargs": {"loss_input_names": ["y"], "additional_output_names": ["aux"]}},
+        "_lossinput_addout",
+    ),
     Config("dropout", "mse", "adamw", 17, {"seed": DROPOUT_SEED}),
     # Symbolic batch (and sequence) dims: shape-dependent gradients are computed at run time.
     Config("mlp", "ce", "adamw", 17, {"dynamic_axes": True}, "_dyn"),
@@ -205,9 +212,18 @@ def export_model(cfg: Config, model, args, in_names, out_names, training, dynami
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, args, buffer, dynamo=False, opset_version=cfg.opset, input_names=in_names,
-                          output_names=out_names, training=training, do_constant_folding=False,
-                          dynamic_axes=dynamic_axes)
+        torch.onnx.export(
+            model,
+            args,
+            buffer,
+            dynamo=False,
+            opset_version=cfg.opset,
+            input_names=in_names,
+            output_names=out_names,
+            training=training,
+            do_constant_folding=False,
+            dynamic_axes=dynamic_axes,
+        )
     return onnx.load_from_string(buffer.getvalue())
 
 
@@ -233,13 +249,19 @@ def ort_generate(prepared, arguments: Dict[str, Any], directory: pathlib.Path) -
 
     optimizer = arguments["optimizer"]
     if isinstance(optimizer, dict):
-        (kind, options), = optimizer.items()
+        ((kind, options),) = optimizer.items()
         optimizer = getattr(onnxblock.optim, kind)(**options)
     else:
         optimizer = artifacts.OptimType[optimizer]
-    artifacts.generate_artifacts(prepared, requires_grad=arguments["requires_grad"],
-                                 frozen_params=arguments["frozen_params"], loss=artifacts.LossType[arguments["loss"]],
-                                 optimizer=optimizer, artifact_directory=str(directory), **arguments["kwargs"])
+    artifacts.generate_artifacts(
+        prepared,
+        requires_grad=arguments["requires_grad"],
+        frozen_params=arguments["frozen_params"],
+        loss=artifacts.LossType[arguments["loss"]],
+        optimizer=optimizer,
+        artifact_directory=str(directory),
+        **arguments["kwargs"],
+    )
     for path in sorted(directory.glob("*.onnx")):  # what ORT needs to load its own files (see prepare_for_artifacts)
         model = onnx.load(str(path))
         if path.name == "eval_model.onnx":
@@ -248,8 +270,14 @@ def ort_generate(prepared, arguments: Dict[str, Any], directory: pathlib.Path) -
         onnx.save(model, str(path))
 
 
-def scenario_spec(cfg: Config, directory: pathlib.Path, params: List[str], kinds: Dict[str, Any],
-                   arguments: Dict[str, Any], concrete: Dict[str, int]) -> Dict[str, Any]:
+def scenario_spec(
+    cfg: Config,
+    directory: pathlib.Path,
+    params: List[str],
+    kinds: Dict[str, Any],
+    arguments: Dict[str, Any],
+    concrete: Dict[str, int],
+) -> Dict[str, Any]:
     import onnx
 
     train_m = onnx.load(str(directory / "training_model.onnx"))
@@ -266,17 +294,34 @@ def scenario_spec(cfg: Config, directory: pathlib.Path, params: List[str], kinds
             kind, high = "binary", 0
         else:
             kind, high = "normal", 0
-        inputs.append({"name": info.name, "shape": shape, "dtype": reference.onnx_dtype_name(tensor.elem_type),
-                       "kind": kind, "high": high})
+        inputs.append(
+            {
+                "name": info.name,
+                "shape": shape,
+                "dtype": reference.onnx_dtype_name(tensor.elem_type),
+                "kind": kind,
+                "high": high,
+            }
+        )
     return {
-        "name": cfg.name, "family": cfg.family, "loss": cfg.loss, "optimizer": cfg.optim, "opset": cfg.opset,
-        "lr": reference.LR[cfg.optim], "seed": reference.seed_of(cfg.name), "steps": 5, "accumulate_step": 2,
+        "name": cfg.name,
+        "family": cfg.family,
+        "loss": cfg.loss,
+        "optimizer": cfg.optim,
+        "opset": cfg.opset,
+        "lr": reference.LR[cfg.optim],
+        "seed": reference.seed_of(cfg.name),
+        "steps": 5,
+        "accumulate_step": 2,
         "nominal": bool(arguments["kwargs"].get("nominal_checkpoint")),
-        "inputs": inputs, "eval_inputs": [i.name for i in reference.user_inputs(eval_m, params)],
-        "trainable_params": arguments["requires_grad"], "frozen_params": arguments["frozen_params"],
+        "inputs": inputs,
+        "eval_inputs": [i.name for i in reference.user_inputs(eval_m, params)],
+        "trainable_params": arguments["requires_grad"],
+        "frozen_params": arguments["frozen_params"],
         "param_order": [i.name for i in train_m.graph.input if i.name in params],
-        "param_shapes": {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim]
-                         for i in train_m.graph.input if i.name in params},
+        "param_shapes": {
+            i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in train_m.graph.input if i.name in params
+        },
     }
 
 

@@ -3,13 +3,26 @@
 ``scripts/benchmark.py`` prints them and ``scripts/measure_readme_figures.py`` writes them into
 README.md and docs/performance.md, from the JSON report ``benchmark.py --json`` records.
 """
+
 from __future__ import annotations
 
 
 def table(report: dict, markdown: bool = False) -> str:
     """The result table (plain text for the console, markdown for README)."""
-    columns = ["load", "model", "backend", "step ms", "cpu ms", "vs ort", "vs eager", "setup s", "first step ms",
-               "compile s", "import s", "peak RSS MB"]
+    columns = [
+        "load",
+        "model",
+        "backend",
+        "step ms",
+        "cpu ms",
+        "vs ort",
+        "vs eager",
+        "setup s",
+        "first step ms",
+        "compile s",
+        "import s",
+        "peak RSS MB",
+    ]
     rows = []
     for load, models in report["summary"].items():
         for name, backends in models.items():
@@ -23,10 +36,22 @@ def table(report: dict, markdown: bool = False) -> str:
                     ratios.append(f"{row['step_ms'] / ref_row['step_ms']:.2f}" if "step_ms" in ref_row else "-")
                 compile_s = report.get("compile", {}).get(name, {}).get("compile_s")
                 label = backend + ("" if backend != "ours" or row.get("compiled", True) else " (eager)")
-                rows.append([load, name, label, f"{row['step_ms']:.2f}", f"{row['cpu_ms']:.2f}", ratios[0], ratios[1],
-                             f"{row['setup_s']:.2f}", f"{row['first_ms']:.0f}",
-                             f"{compile_s:.0f}" if backend == "ours" and compile_s else "",
-                             f"{row['import_s']:.2f}", f"{row['peak_rss_mb']:.0f}"])
+                rows.append(
+                    [
+                        load,
+                        name,
+                        label,
+                        f"{row['step_ms']:.2f}",
+                        f"{row['cpu_ms']:.2f}",
+                        ratios[0],
+                        ratios[1],
+                        f"{row['setup_s']:.2f}",
+                        f"{row['first_ms']:.0f}",
+                        f"{compile_s:.0f}" if backend == "ours" and compile_s else "",
+                        f"{row['import_s']:.2f}",
+                        f"{row['peak_rss_mb']:.0f}",
+                    ]
+                )
     return _render(columns, rows, markdown)
 
 
@@ -42,8 +67,17 @@ def _render(columns: list, rows: list, markdown: bool) -> str:
 
 def fresh_table(report: dict, markdown: bool = False) -> str:
     """The first-seconds axis: steps in the first S seconds of a fresh process, cold cache."""
-    columns = ["load", "model", "backend", f"steps in {report['fresh_seconds']:.0f} s", "vs ort", "ready s",
-               "median step ms", "longest step ms", "compiled from step"]
+    columns = [
+        "load",
+        "model",
+        "backend",
+        f"steps in {report['fresh_seconds']:.0f} s",
+        "vs ort",
+        "ready s",
+        "median step ms",
+        "longest step ms",
+        "compiled from step",
+    ]
     rows = []
     for load, models in report["fresh_summary"].items():
         for name, backends in models.items():
@@ -52,16 +86,27 @@ def fresh_table(report: dict, markdown: bool = False) -> str:
                     rows.append([load, name, backend, "error: " + row["error"][:80]] + [""] * (len(columns) - 4))
                     continue
                 ort = backends.get("ort", {})
-                rows.append([load, name, backend, f"{row['steps']:.0f}",
-                             f"{row['steps'] / ort['steps']:.2f}" if ort.get("steps") else "-",
-                             f"{row['ready_s']:.1f}", f"{row['median_ms']:.2f}", f"{row['max_ms']:.1f}",
-                             f"{row['switch_step']:.0f}" if row.get("switch_step") else "-"])
+                rows.append(
+                    [
+                        load,
+                        name,
+                        backend,
+                        f"{row['steps']:.0f}",
+                        f"{row['steps'] / ort['steps']:.2f}" if ort.get("steps") else "-",
+                        f"{row['ready_s']:.1f}",
+                        f"{row['median_ms']:.2f}",
+                        f"{row['max_ms']:.1f}",
+                        f"{row['switch_step']:.0f}" if row.get("switch_step") else "-",
+                    ]
+                )
     return _render(columns, rows, markdown)
 
 
 def conditions(report: dict) -> str:
     machine = report["machine"]
-    return (f"{machine['cpus']} CPUs ({machine['processor'] or machine['platform']}), torch {machine['torch']}, "
-            f"threads {machine['threads'] or 'default'}, device {machine['device']}; {report['rounds']} interleaved "
-            f"rounds of {report['steps']} steps after {report['warmup']} warm-up steps, medians; load = number of "
-            "busy background processes")
+    return (
+        f"{machine['cpus']} CPUs ({machine['processor'] or machine['platform']}), torch {machine['torch']}, "
+        f"threads {machine['threads'] or 'default'}, device {machine['device']}; {report['rounds']} interleaved "
+        f"rounds of {report['steps']} steps after {report['warmup']} warm-up steps, medians; load = number of "
+        "busy background processes"
+    )

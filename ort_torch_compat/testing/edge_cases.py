@@ -10,6 +10,7 @@ where it is importable.
 Messages are compared by their core: ORT prefixes its text with the C++ source location and
 function signature, which `core_message` strips.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,9 +40,9 @@ def core_message(text: str) -> str:
     text = text.strip()
     status = _ORT_STATUS.search(text)
     if status:
-        return text[status.end():]
+        return text[status.end() :]
     located = _ORT_LOCATION.match(text)
-    return text[located.end():] if located else text
+    return text[located.end() :] if located else text
 
 
 def outcome(call: Callable[[], Any]) -> Dict[str, Any]:
@@ -54,8 +55,7 @@ def outcome(call: Callable[[], Any]) -> Dict[str, Any]:
         message = core_message(str(error))
         if isinstance(error, TypeError):
             message = message.splitlines()[0]
-        return {"raised": True, "builtins": [b.__name__ for b in _BUILTINS if isinstance(error, b)],
-                "message": message}
+        return {"raised": True, "builtins": [b.__name__ for b in _BUILTINS if isinstance(error, b)], "message": message}
     return {"raised": False}
 
 
@@ -80,8 +80,11 @@ def nominal_misuse(api: Any, buffer_of: Callable[[np.ndarray], Any], tmp: pathli
     out["iterate_parameters"] = outcome(lambda: list(state.parameters))
     out["set_parameter"] = outcome(lambda: state.parameters.__setitem__(name, np.zeros(1, np.float32)))
     out["get_contiguous_parameters"] = outcome(lambda: module.get_contiguous_parameters())
-    out["copy_buffer_trainable_only"] = outcome(lambda: module.copy_buffer_to_parameters(
-        buffer_of(np.zeros(module.get_parameters_size(True), np.float32)), True))
+    out["copy_buffer_trainable_only"] = outcome(
+        lambda: module.copy_buffer_to_parameters(
+            buffer_of(np.zeros(module.get_parameters_size(True), np.float32)), True
+        )
+    )
     out["train_step"] = outcome(lambda: module(*inputs))
     out["eval_step"] = outcome(lambda: module.eval()(*inputs))
     module.train()
@@ -102,7 +105,9 @@ def nominal_misuse(api: Any, buffer_of: Callable[[np.ndarray], Any], tmp: pathli
 def export_misuse(api: Any, tmp: pathlib.Path) -> Dict[str, Any]:
     state = api.CheckpointState.load_checkpoint(EXAMPLE / "checkpoint")
     module = api.Module(EXAMPLE / "training_model.onnx", state, EXAMPLE / "eval_model.onnx")
-    without_eval = api.Module(EXAMPLE / "training_model.onnx", api.CheckpointState.load_checkpoint(EXAMPLE / "checkpoint"))
+    without_eval = api.Module(
+        EXAMPLE / "training_model.onnx", api.CheckpointState.load_checkpoint(EXAMPLE / "checkpoint")
+    )
     path = str(tmp / "inference.onnx")
     return {
         "unknown_name": outcome(lambda: module.export_model_for_inferencing(path, ["output"])),
@@ -143,8 +148,12 @@ def output_kinds(api: Any, ortvalue_class: Any) -> Dict[str, str]:
     module.eval()
     evaluated = module(ortvalue_class.ortvalue_from_numpy(x), ortvalue_class.ortvalue_from_numpy(y))
     qualified = lambda value: f"{type(value).__module__}.{type(value).__qualname__}"  # noqa: E731
-    return {"ortvalues": qualified(as_ortvalues), "mixed": qualified(mixed), "eval_ortvalues": qualified(evaluated),
-            "loss": float(np.asarray(as_ortvalues.numpy()))}
+    return {
+        "ortvalues": qualified(as_ortvalues),
+        "mixed": qualified(mixed),
+        "eval_ortvalues": qualified(evaluated),
+        "loss": float(np.asarray(as_ortvalues.numpy())),
+    }
 
 
 # ---- a forward pass that fails on a bad value -------------------------------------------------------
@@ -209,23 +218,84 @@ def string_feed_variants() -> Dict[str, Callable[[List], np.ndarray]]:
 
 # ---- ORT's Cast from string, value by value ----------------------------------------------------------
 CAST_TEXTS = {
-    "float": ["1.5", "-2", "1e3", " 3", "3 ", "\t\n5", "nan", "NaN", "inf", "-Infinity", "infinit", "0x1p3",
-              "0x1P-2", "0x.8", "0x", "4abc", "1.5e", "1.5e+", ".5", "5.", "-0", "1e-40", "3.4028236e38",
-              "1e50", "1e400", "1e-400", "2e-308", "0x1p-1074", "0e500", "1_000", "abc", "", "-.e1", "in",
-              "\u00a05", "\u0661"],
-    "int": ["3", "-1", "3.7", " 4", "7abc", "0012", "+5", "0x10", "1e3", "255", "256", "3000000000",
-            "-3000000000", "9223372036854775807", "9223372036854775808", "-9223372036854775808",
-            "18446744073709551615", "18446744073709551616", "true", "abc", "", "+", "+-1", "\u00a05"],
+    "float": [
+        "1.5",
+        "-2",
+        "1e3",
+        " 3",
+        "3 ",
+        "\t\n5",
+        "nan",
+        "NaN",
+        "inf",
+        "-Infinity",
+        "infinit",
+        "0x1p3",
+        "0x1P-2",
+        "0x.8",
+        "0x",
+        "4abc",
+        "1.5e",
+        "1.5e+",
+        ".5",
+        "5.",
+        "-0",
+        "1e-40",
+        "3.4028236e38",
+        "1e50",
+        "1e400",
+        "1e-400",
+        "2e-308",
+        "0x1p-1074",
+        "0e500",
+        "1_000",
+        "abc",
+        "",
+        "-.e1",
+        "in",
+        "\u00a05",
+        "\u0661",
+    ],
+    "int": [
+        "3",
+        "-1",
+        "3.7",
+        " 4",
+        "7abc",
+        "0012",
+        "+5",
+        "0x10",
+        "1e3",
+        "255",
+        "256",
+        "3000000000",
+        "-3000000000",
+        "9223372036854775807",
+        "9223372036854775808",
+        "-9223372036854775808",
+        "18446744073709551615",
+        "18446744073709551616",
+        "true",
+        "abc",
+        "",
+        "+",
+        "+-1",
+        "\u00a05",
+    ],
 }
-CAST_TARGETS = {"float": ["FLOAT", "DOUBLE", "FLOAT16"],
-                "int": ["INT64", "INT32", "INT16", "INT8", "UINT8", "UINT16", "UINT32", "UINT64", "BOOL"]}
+CAST_TARGETS = {
+    "float": ["FLOAT", "DOUBLE", "FLOAT16"],
+    "int": ["INT64", "INT32", "INT16", "INT8", "UINT8", "UINT16", "UINT32", "UINT64", "BOOL"],
+}
 
 
 def cast_model(to: int) -> onnx.ModelProto:
     graph = onnx.helper.make_graph(
-        [onnx.helper.make_node("Cast", ["s"], ["o"], to=to)], "cast",
+        [onnx.helper.make_node("Cast", ["s"], ["o"], to=to)],
+        "cast",
         [onnx.helper.make_tensor_value_info("s", onnx.TensorProto.STRING, [None])],
-        [onnx.helper.make_tensor_value_info("o", to, [None])])
+        [onnx.helper.make_tensor_value_info("o", to, [None])],
+    )
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
@@ -233,15 +303,20 @@ def cast_model(to: int) -> onnx.ModelProto:
 
 def json_value(value: Any) -> Any:
     """A Cast result as JSON: numbers as they are, NaN / infinities / -0.0 as strings."""
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))
-                                     or (value == 0.0 and str(value).startswith("-"))):
+    if isinstance(value, float) and (
+        value != value or value in (float("inf"), float("-inf")) or (value == 0.0 and str(value).startswith("-"))
+    ):
         return repr(value)
     return value
 
 
 # ---- AdamW when lr * weight_decay reaches 1 ----------------------------------------------------------
-ADAMW_CASES = {"mode1_lr0.5_wd2": (0.5, 2.0, 1), "mode1_lr0.5_wd3": (0.5, 3.0, 1), "mode0_lr0.5_wd2": (0.5, 2.0, 0),
-               "mode1_lr0.1_wd2": (0.1, 2.0, 1)}
+ADAMW_CASES = {
+    "mode1_lr0.5_wd2": (0.5, 2.0, 1),
+    "mode1_lr0.5_wd3": (0.5, 3.0, 1),
+    "mode0_lr0.5_wd2": (0.5, 2.0, 0),
+    "mode1_lr0.1_wd2": (0.1, 2.0, 1),
+}
 
 
 def optimizer_model(weight_decay: float, adam_mode: int) -> onnx.ModelProto:
@@ -250,8 +325,13 @@ def optimizer_model(weight_decay: float, adam_mode: int) -> onnx.ModelProto:
     node = next(n for n in model.graph.node if n.op_type == "AdamWOptimizer")
     kept = [a for a in node.attribute if a.name not in ("weight_decay", "adam_mode")]
     del node.attribute[:]
-    node.attribute.extend(kept + [onnx.helper.make_attribute("weight_decay", float(weight_decay)),
-                                  onnx.helper.make_attribute("adam_mode", int(adam_mode))])
+    node.attribute.extend(
+        kept
+        + [
+            onnx.helper.make_attribute("weight_decay", float(weight_decay)),
+            onnx.helper.make_attribute("adam_mode", int(adam_mode)),
+        ]
+    )
     return model
 
 
@@ -280,9 +360,12 @@ def buffer_kinds(api: Any, ortvalue_class: Any) -> Dict[str, Any]:
     module = api.Module(EXAMPLE / "training_model.onnx", state)
     buffer = module.get_contiguous_parameters(True)
     values = np.asarray(buffer.numpy())
-    return {"contiguous_class": type(buffer).__name__,
-            "copy_from_ortvalue": outcome(lambda: module.copy_buffer_to_parameters(
-                ortvalue_class.ortvalue_from_numpy(values), True))}
+    return {
+        "contiguous_class": type(buffer).__name__,
+        "copy_from_ortvalue": outcome(
+            lambda: module.copy_buffer_to_parameters(ortvalue_class.ortvalue_from_numpy(values), True)
+        ),
+    }
 
 
 # ---- what a failed step leaves behind ---------------------------------------------------------------------

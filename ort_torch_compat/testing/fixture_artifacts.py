@@ -12,6 +12,7 @@ was given.  ``OUT_DIR/<fixture>/`` receives our four (or five) files.  ``describ
 summarizes a directory of artifacts (names, types, shapes, optimizer attributes, checkpoint
 digest) the same way for ORT's artifacts (recorded) and ours (tested).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,7 @@ def generate_for_fixture(fixture: pathlib.Path, out_dir: pathlib.Path) -> pathli
     loss = artifacts.LossType[arguments["loss"]] if arguments.get("loss") else None
     optimizer = arguments.get("optimizer")
     if isinstance(optimizer, dict):  # {"AdamW": {"weight_decay": 0.01}}: an onnxblock optimizer block
-        (kind, options), = optimizer.items()
+        ((kind, options),) = optimizer.items()
         optimizer = getattr(onnxblock.optim, kind)(**options)
     elif optimizer:
         optimizer = artifacts.OptimType[optimizer]
@@ -88,11 +89,15 @@ def describe_artifacts(directory: pathlib.Path) -> Dict[str, Any]:
         if not path.exists():
             continue
         graph = onnx.load(str(path)).graph
-        entry: Dict[str, Any] = {"inputs": [_value(i) for i in graph.input],
-                                 "outputs": [_value(o) for o in graph.output]}
+        entry: Dict[str, Any] = {
+            "inputs": [_value(i) for i in graph.input],
+            "outputs": [_value(o) for o in graph.output],
+        }
         if name == "optimizer_model.onnx":
-            entry["nodes"] = [[n.domain, n.op_type, sorted((a.name, onnx.helper.get_attribute_value(a))
-                                                           for a in n.attribute)] for n in graph.node]
+            entry["nodes"] = [
+                [n.domain, n.op_type, sorted((a.name, onnx.helper.get_attribute_value(a)) for a in n.attribute)]
+                for n in graph.node
+            ]
         summary[name] = entry
     for name in CHECKPOINT_FILES:
         path = directory / name
@@ -117,4 +122,3 @@ def main(argv: Optional[List[str]] = None) -> int:
         generate_for_fixture(fixture, pathlib.Path(args.out_dir) / fixture.name)
         print(f"generated {fixture.name}", flush=True)
     return 0
-

@@ -12,6 +12,7 @@ float32.  It is a test instrument, not a product feature: the same converters ru
 precisions, so it measures rounding, and step 1 is checked against ORT separately (see
 tests/test_real_architectures.py).
 """
+
 from __future__ import annotations
 
 import types
@@ -53,7 +54,9 @@ def _convert_graph(graph: onnx.GraphProto) -> None:
             elif attribute.type == onnx.AttributeProto.GRAPHS:
                 for sub in attribute.graphs:
                     _convert_graph(sub)
-            elif attribute.name in ("to", "dtype") and attribute.type == onnx.AttributeProto.INT and attribute.i == FLOAT:
+            elif (
+                attribute.name in ("to", "dtype") and attribute.type == onnx.AttributeProto.INT and attribute.i == FLOAT
+            ):
                 attribute.i = DOUBLE
             elif node.op_type == "Constant" and attribute.name == "value_float":
                 value = np.array(attribute.f, dtype=np.float64)
@@ -97,9 +100,15 @@ def _float64_inputs(values):
 class Module(ours.Module):
     """ours.Module over float64 copies of the models; buffers are exchanged as float64."""
 
-    def __init__(self, train_model_uri: Any, state: ours.CheckpointState, eval_model_uri: Any = None, device: str = "cpu"):
-        super().__init__(_model_bytes(train_model_uri), state,
-                         None if eval_model_uri is None else _model_bytes(eval_model_uri), device)
+    def __init__(
+        self, train_model_uri: Any, state: ours.CheckpointState, eval_model_uri: Any = None, device: str = "cpu"
+    ):
+        super().__init__(
+            _model_bytes(train_model_uri),
+            state,
+            None if eval_model_uri is None else _model_bytes(eval_model_uri),
+            device,
+        )
 
     def __call__(self, *user_inputs):
         return super().__call__(*_float64_inputs(user_inputs))
@@ -116,11 +125,12 @@ class Module(ours.Module):
         offset = 0
         with torch.no_grad():
             for tensor in self._tensors(trainable_only):
-                tensor.copy_(flat[offset: offset + tensor.numel()].view_as(tensor))
+                tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
                 offset += tensor.numel()
         if not trainable_only:
             self._engine.state.is_nominal = False
 
 
-FLOAT64_API = types.SimpleNamespace(CheckpointState=CheckpointState, Module=Module, Optimizer=ours.Optimizer,
-                                    OrtValue=ours.OrtValue)
+FLOAT64_API = types.SimpleNamespace(
+    CheckpointState=CheckpointState, Module=Module, Optimizer=ours.Optimizer, OrtValue=ours.OrtValue
+)

@@ -11,6 +11,7 @@ gradients.  A scenario is `updates` optimizer updates, each after `accumulation`
 (ORT averages the accumulated gradients); the state is recorded after every update under
 ORT's names (`a`, `Moment_1_a`, `Update_Count_a`, `Step`...).
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,21 +28,47 @@ SCENARIOS: List[Dict[str, Any]] = [
     # All defaults, enable_grad_norm_clip (the default) on and a gradient norm far above
     # max_norm_clip's default 1: ORT's CPU kernel does not clip.
     {"name": "adam_defaults", "optimizer": "AdamOptimizer", "lrs": [0.01, 0.02, 0.01, 0.005, 0.01], "grad_scale": 4.0},
-    {"name": "adam_mode1_decay", "optimizer": "AdamOptimizer", "lrs": [0.01, 0.02, 0.01, 0.005],
-     "float": {"alpha": 0.85, "beta": 0.99, "lambda": 0.01, "epsilon": 1e-6}, "int": {"weight_decay_mode": 1}},
-    {"name": "adam_mode0_decay_no_bias_correction", "optimizer": "AdamOptimizer", "lrs": [0.01, 0.03, 0.02],
-     "float": {"lambda": 0.05}, "int": {"do_bias_correction": 0}},
-    {"name": "adam_per_weight_attributes", "optimizer": "AdamOptimizer", "lrs": [0.02, 0.01, 0.02],
-     "per_weight": {"a": {"float": {"alpha": 0.8, "lambda": 0.1}, "int": {"weight_decay_mode": 1}},
-                    "b": {"float": {"beta": 0.9, "epsilon": 1e-4}, "int": {"do_bias_correction": 0}}}},
+    {
+        "name": "adam_mode1_decay",
+        "optimizer": "AdamOptimizer",
+        "lrs": [0.01, 0.02, 0.01, 0.005],
+        "float": {"alpha": 0.85, "beta": 0.99, "lambda": 0.01, "epsilon": 1e-6},
+        "int": {"weight_decay_mode": 1},
+    },
+    {
+        "name": "adam_mode0_decay_no_bias_correction",
+        "optimizer": "AdamOptimizer",
+        "lrs": [0.01, 0.03, 0.02],
+        "float": {"lambda": 0.05},
+        "int": {"do_bias_correction": 0},
+    },
+    {
+        "name": "adam_per_weight_attributes",
+        "optimizer": "AdamOptimizer",
+        "lrs": [0.02, 0.01, 0.02],
+        "per_weight": {
+            "a": {"float": {"alpha": 0.8, "lambda": 0.1}, "int": {"weight_decay_mode": 1}},
+            "b": {"float": {"beta": 0.9, "epsilon": 1e-4}, "int": {"do_bias_correction": 0}},
+        },
+    },
     {"name": "adam_accumulate_3", "optimizer": "AdamOptimizer", "lrs": [0.01, 0.02, 0.01], "accumulation": 3},
     # Builder defaults (epsilon 1e-6, no bias correction, max_norm_clip 1) with clipping active.
     {"name": "lamb_defaults", "optimizer": "LambOptimizer", "lrs": [0.01, 0.02, 0.01, 0.005, 0.01], "grad_scale": 4.0},
-    {"name": "lamb_bias_ratio_decay_no_clip", "optimizer": "LambOptimizer", "lrs": [0.02, 0.01, 0.02], "clip": False,
-     "float": {"alpha": 0.85, "beta": 0.99, "lambda": 0.01, "ratio_min": 0.05, "ratio_max": 0.5},
-     "int": {"do_bias_correction": 1}},
-    {"name": "lamb_accumulate_2_clip", "optimizer": "LambOptimizer", "lrs": [0.01, 0.02, 0.01], "accumulation": 2,
-     "float": {"max_norm_clip": 0.3}},
+    {
+        "name": "lamb_bias_ratio_decay_no_clip",
+        "optimizer": "LambOptimizer",
+        "lrs": [0.02, 0.01, 0.02],
+        "clip": False,
+        "float": {"alpha": 0.85, "beta": 0.99, "lambda": 0.01, "ratio_min": 0.05, "ratio_max": 0.5},
+        "int": {"do_bias_correction": 1},
+    },
+    {
+        "name": "lamb_accumulate_2_clip",
+        "optimizer": "LambOptimizer",
+        "lrs": [0.01, 0.02, 0.01],
+        "accumulation": 2,
+        "float": {"max_norm_clip": 0.3},
+    },
 ]
 
 
@@ -62,8 +89,11 @@ def calls(scenario: Dict[str, Any]) -> Iterator[Tuple[int, float, Dict[str, np.n
     scale = np.float32(scenario.get("grad_scale", 1.0))
     for update, lr in enumerate(scenario["lrs"]):
         for _ in range(scenario.get("accumulation", 1)):
-            yield update, lr, {name: rng.standard_normal(shape).astype(np.float32) * scale
-                               for name, shape in WEIGHTS.items()}
+            yield (
+                update,
+                lr,
+                {name: rng.standard_normal(shape).astype(np.float32) * scale for name, shape in WEIGHTS.items()},
+            )
 
 
 def model_bytes(scenario: Dict[str, Any]) -> bytes:
@@ -75,10 +105,12 @@ def model_bytes(scenario: Dict[str, Any]) -> bytes:
         sums.append(f"s_{name}")
     nodes.append(helper.make_node("Add", sums, ["loss"]))
     graph = helper.make_graph(
-        nodes, "gradients_as_inputs",
+        nodes,
+        "gradients_as_inputs",
         [helper.make_tensor_value_info(f"g_{name}", TensorProto.FLOAT, list(shape)) for name, shape in WEIGHTS.items()],
         [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
-        initializer=[numpy_helper.from_array(value, name) for name, value in initial_weights(scenario).items()])
+        initializer=[numpy_helper.from_array(value, name) for name, value in initial_weights(scenario).items()],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model.SerializeToString()
@@ -128,19 +160,30 @@ def ort_kernel_missing(optimizer: str) -> Optional[str]:
     if optimizer == "AdamOptimizer":
         inputs[1:1] = [("count", TensorProto.INT64, [1])]
         inputs += [("m1", TensorProto.FLOAT, shape), ("m2", TensorProto.FLOAT, shape)]
-        outputs = [("count_out", TensorProto.INT64, [1]), ("m1_out", TensorProto.FLOAT, shape),
-                   ("m2_out", TensorProto.FLOAT, shape)] + outputs
+        outputs = [
+            ("count_out", TensorProto.INT64, [1]),
+            ("m1_out", TensorProto.FLOAT, shape),
+            ("m2_out", TensorProto.FLOAT, shape),
+        ] + outputs
     node = helper.make_node(optimizer, [i[0] for i in inputs], [o[0] for o in outputs], domain="com.microsoft")
-    graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info(*i) for i in inputs],
-                              [helper.make_tensor_value_info(*o) for o in outputs])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    graph = helper.make_graph(
+        [node],
+        "probe",
+        [helper.make_tensor_value_info(*i) for i in inputs],
+        [helper.make_tensor_value_info(*o) for o in outputs],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
     model.ir_version = 8
     try:
         onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     except Exception as error:  # onnxruntime's own exception types
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return (f"onnxruntime {onnxruntime.__version__} has no com.microsoft {optimizer} CPU kernel "
-                f"(onnxruntime-training builds have it): {first_line[:200]}")
+        return (
+            f"onnxruntime {onnxruntime.__version__} has no com.microsoft {optimizer} CPU kernel "
+            f"(onnxruntime-training builds have it): {first_line[:200]}"
+        )
     return None
 
 
@@ -154,16 +197,27 @@ def run_ort_cpu_kernels(scenario: Dict[str, Any]) -> Optional[Dict[str, np.ndarr
     if ort_kernel_missing(scenario["optimizer"]):
         return None
     import onnxruntime
+
     adam = scenario["optimizer"] == "AdamOptimizer"
     clip = scenario.get("clip", True)
     sessions = {}
     for name, shape in WEIGHTS.items():
         floats, ints = attributes(scenario, name)
         if adam:
-            inputs = [("lr", TensorProto.FLOAT, [1]), ("count", TensorProto.INT64, [1]), ("w", TensorProto.FLOAT, shape),
-                      ("g", TensorProto.FLOAT, shape), ("m1", TensorProto.FLOAT, shape), ("m2", TensorProto.FLOAT, shape)]
-            outputs = [("count_out", TensorProto.INT64, [1]), ("m1_out", TensorProto.FLOAT, shape),
-                       ("m2_out", TensorProto.FLOAT, shape), ("w_out", TensorProto.FLOAT, shape)]
+            inputs = [
+                ("lr", TensorProto.FLOAT, [1]),
+                ("count", TensorProto.INT64, [1]),
+                ("w", TensorProto.FLOAT, shape),
+                ("g", TensorProto.FLOAT, shape),
+                ("m1", TensorProto.FLOAT, shape),
+                ("m2", TensorProto.FLOAT, shape),
+            ]
+            outputs = [
+                ("count_out", TensorProto.INT64, [1]),
+                ("m1_out", TensorProto.FLOAT, shape),
+                ("m2_out", TensorProto.FLOAT, shape),
+                ("w_out", TensorProto.FLOAT, shape),
+            ]
         else:
             inputs = [("lr", TensorProto.FLOAT, [1]), ("w", TensorProto.FLOAT, shape), ("g", TensorProto.FLOAT, shape)]
             outputs = [("w_out", TensorProto.FLOAT, shape)]
@@ -171,11 +225,18 @@ def run_ort_cpu_kernels(scenario: Dict[str, Any]) -> Optional[Dict[str, np.ndarr
         if adam and clip:  # as the graph builder wires it: no fp16 weights, no loss scale, the global norm
             names += ["", "", "global_norm"]
             inputs.append(("global_norm", TensorProto.FLOAT, []))
-        node = helper.make_node(scenario["optimizer"], names, [o[0] for o in outputs],
-                                domain="com.microsoft", **floats, **ints)
-        graph = helper.make_graph([node], "optimizer", [helper.make_tensor_value_info(*i) for i in inputs],
-                                  [helper.make_tensor_value_info(*o) for o in outputs])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+        node = helper.make_node(
+            scenario["optimizer"], names, [o[0] for o in outputs], domain="com.microsoft", **floats, **ints
+        )
+        graph = helper.make_graph(
+            [node],
+            "optimizer",
+            [helper.make_tensor_value_info(*i) for i in inputs],
+            [helper.make_tensor_value_info(*o) for o in outputs],
+        )
+        model = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+        )
         model.ir_version = 8
         sessions[name] = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
@@ -193,18 +254,23 @@ def run_ort_cpu_kernels(scenario: Dict[str, Any]) -> Optional[Dict[str, np.ndarr
             sums[name] = grad.copy() if name not in sums else sums[name] + grad
         if (index + 1) % accumulation:
             continue
-        averaged = {name: sums.pop(name) * (np.float32(1.0) / np.float32(accumulation)) if accumulation > 1
-                    else sums.pop(name) for name in WEIGHTS}
+        averaged = {
+            name: sums.pop(name) * (np.float32(1.0) / np.float32(accumulation)) if accumulation > 1 else sums.pop(name)
+            for name in WEIGHTS
+        }
         norm = np.float32(np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in averaged.values())))
         for name, grad in averaged.items():
             feed = {"lr": np.array([lr], np.float32), "w": state[name], "g": grad}
             if adam:
-                feed.update(count=state[f"Update_Count_{name}"], m1=state[f"Moment_1_{name}"], m2=state[f"Moment_2_{name}"])
+                feed.update(
+                    count=state[f"Update_Count_{name}"], m1=state[f"Moment_1_{name}"], m2=state[f"Moment_2_{name}"]
+                )
                 if clip:
                     feed["global_norm"] = np.array(norm)
-                (state[f"Update_Count_{name}"], state[f"Moment_1_{name}"], state[f"Moment_2_{name}"],
-                 state[name]) = sessions[name].run(None, feed)
+                (state[f"Update_Count_{name}"], state[f"Moment_1_{name}"], state[f"Moment_2_{name}"], state[name]) = (
+                    sessions[name].run(None, feed)
+                )
             else:
-                state[name], = sessions[name].run(None, feed)
+                (state[name],) = sessions[name].run(None, feed)
         trajectory.update((f"{update}/{key}", value.copy()) for key, value in state.items())
     return trajectory

@@ -4,6 +4,7 @@
 first..last exactly as ort_torch_compat/testing/scenario.py does (same inputs, the same accumulation step),
 so a run split by a checkpoint can be compared with ORT's uninterrupted fixture.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict

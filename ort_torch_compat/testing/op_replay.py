@@ -16,6 +16,7 @@ Tolerance: float32 rounding, ``|ours - ort| <= rtol*|ort| + atol*max(1, max|ort|
 case's rtol/atol (1e-4/1e-5 unless the case says otherwise); integers, booleans and strings
 compare exactly, shapes and dtypes always exactly.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,7 +55,6 @@ ORT_GRADIENT_WRONG: Dict[str, str] = {
     r"^ai\.onnx\.Where-(9|16)\.broadcast$": "Where with a broadcast data input",
     r"^ai\.onnx\.LSTM-(7|14)\.peepholes$": "LSTM with peepholes",
 }
-
 
 
 def op_key(case: dict) -> str:
@@ -106,8 +106,13 @@ def _opsets(model: onnx.ModelProto) -> Dict[str, int]:
     return {("" if entry.domain == "ai.onnx" else entry.domain): entry.version for entry in model.opset_import}
 
 
-def build_module(model_bytes: np.ndarray, name: str, inputs: Optional[Sequence[str]] = None,
-                 outputs: Optional[Sequence[str]] = None, **options) -> torch.nn.Module:
+def build_module(
+    model_bytes: np.ndarray,
+    name: str,
+    inputs: Optional[Sequence[str]] = None,
+    outputs: Optional[Sequence[str]] = None,
+    **options,
+) -> torch.nn.Module:
     """The engine's path: cut the graph to `outputs`, convert it node by node."""
     model = onnx.load_from_string(np.asarray(model_bytes, dtype=np.uint8).tobytes())
     inputs = list(inputs if inputs is not None else [info.name for info in model.graph.input])
@@ -214,7 +219,9 @@ def replay_gradient(case: dict, arrays: Mapping[str, np.ndarray], **options) -> 
     params = case["trainable"]
     user = case["train_inputs"]
     try:
-        module = build_module(arrays[f"{key}/train_model"], f"{key} (training graph)", user + params, ["loss"], **options)
+        module = build_module(
+            arrays[f"{key}/train_model"], f"{key} (training graph)", user + params, ["loss"], **options
+        )
     except GraphConversionError as error:
         return Outcome("unsupported", str(error))
     leaves = {name: _torch_input(arrays[f"{key}/in/{name}"], trainable=True) for name in params}
@@ -232,22 +239,24 @@ def replay_gradient(case: dict, arrays: Mapping[str, np.ndarray], **options) -> 
     for name in params:
         grad = leaves[name].grad
         grad = torch.zeros_like(leaves[name]) if grad is None else grad
-        problem = compare(f"grad {name}", grad, arrays[f"{key}/grad/{name}"], case["rtol"], case["atol"],
-                          not case["stochastic"])
+        problem = compare(
+            f"grad {name}", grad, arrays[f"{key}/grad/{name}"], case["rtol"], case["atol"], not case["stochastic"]
+        )
         if problem:
             problems.append(problem)
     return Outcome("fail", "; ".join(problems)) if problems else Outcome("pass")
 
 
-def replay_gradient_numerically(case: dict, arrays: Mapping[str, np.ndarray], samples: int = 24,
-                                **options) -> Outcome:
+def replay_gradient_numerically(case: dict, arrays: Mapping[str, np.ndarray], samples: int = 24, **options) -> Outcome:
     """Where ORT's gradient is not the derivative of its forward: our loss must still match
     ORT's, and our gradient (float64 autograd) must match float64 central differences of our
     forward at up to `samples` elements per trained input."""
     key = case["id"]
     params, user = case["trainable"], case["train_inputs"]
     try:
-        module = build_module(arrays[f"{key}/train_model"], f"{key} (training graph)", user + params, ["loss"], **options)
+        module = build_module(
+            arrays[f"{key}/train_model"], f"{key} (training graph)", user + params, ["loss"], **options
+        )
     except GraphConversionError as error:
         return Outcome("unsupported", str(error))
     module = module.double()
@@ -285,7 +294,9 @@ def replay_gradient_numerically(case: dict, arrays: Mapping[str, np.ndarray], sa
         numeric = np.asarray(numeric)
         scale = max(1.0, float(np.abs(numeric).max()))
         if not (np.abs(ours - numeric) <= 1e-5 * scale + 1e-4 * np.abs(numeric)).all():
-            problems.append(f"grad {name}: autograd differs from central differences by {np.abs(ours - numeric).max():.3g}")
+            problems.append(
+                f"grad {name}: autograd differs from central differences by {np.abs(ours - numeric).max():.3g}"
+            )
     return Outcome("fail", "; ".join(problems)) if problems else Outcome("pass")
 
 

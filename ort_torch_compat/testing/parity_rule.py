@@ -45,6 +45,7 @@ two correct float32 implementations need not agree after step 1, and:
    max(trajectory(anchor), trajectory(perturbed 1..3)))``, with ``TRAJECTORY_FACTOR = 4``
    (the spread of that maximum between equally valid runs, measured on resnet18: up to 3.8x).
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -155,8 +156,9 @@ def deviation(actual: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarr
     return float(ratio.max()) if ratio.size else 0.0
 
 
-def deviation_from_either(actual: Mapping[str, np.ndarray], references: Sequence[Mapping[str, np.ndarray]], key: str,
-                          spec: dict) -> float:
+def deviation_from_either(
+    actual: Mapping[str, np.ndarray], references: Sequence[Mapping[str, np.ndarray]], key: str, spec: dict
+) -> float:
     """Like ``deviation``, each element measured against the closest of several references."""
     ratios = [_ratios(actual, reference, key, spec) for reference in references if key in reference]
     ratio = np.minimum.reduce(ratios)
@@ -165,14 +167,23 @@ def deviation_from_either(actual: Mapping[str, np.ndarray], references: Sequence
 
 def numeric_keys(record: Mapping[str, np.ndarray], patterns: Iterable[str], exclude: Iterable[str] = ()) -> List[str]:
     patterns, exclude = list(patterns), list(exclude)
-    return sorted(k for k, v in record.items()
-                  if np.asarray(v).dtype.kind == "f" and not k.endswith("/shape")
-                  and any(fnmatch.fnmatchcase(k, p) for p in patterns)
-                  and not any(fnmatch.fnmatchcase(k, p) for p in exclude))
+    return sorted(
+        k
+        for k, v in record.items()
+        if np.asarray(v).dtype.kind == "f"
+        and not k.endswith("/shape")
+        and any(fnmatch.fnmatchcase(k, p) for p in patterns)
+        and not any(fnmatch.fnmatchcase(k, p) for p in exclude)
+    )
 
 
-def max_deviation(actual: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], keys: Iterable[str],
-                  spec: dict, second: Optional[Mapping[str, np.ndarray]] = None) -> Tuple[float, Optional[str]]:
+def max_deviation(
+    actual: Mapping[str, np.ndarray],
+    reference: Mapping[str, np.ndarray],
+    keys: Iterable[str],
+    spec: dict,
+    second: Optional[Mapping[str, np.ndarray]] = None,
+) -> Tuple[float, Optional[str]]:
     """The largest deviation over ``keys`` and the key where it occurs; with a ``second``
     reference, each element counts its distance to the closer of the two."""
     worst, where = 0.0, None
@@ -205,8 +216,11 @@ def split_keys(reference: Mapping[str, np.ndarray]) -> Tuple[List[str], List[str
     """(step-1 numeric keys, later numeric keys) of a record; the inputs fed are left out, and
     so are the norms of arrays held in full at step 1 (their elements are compared)."""
     exclude = ("*/input/*", "final/contiguous_all/sample")  # concatenated: samples not aligned with gradients
-    first = [k for k in numeric_keys(reference, STEP1_PATTERNS, exclude=exclude)
-             if not (_base(k)[1] and _base(k)[0] in reference)]
+    first = [
+        k
+        for k in numeric_keys(reference, STEP1_PATTERNS, exclude=exclude)
+        if not (_base(k)[1] and _base(k)[0] in reference)
+    ]
     later = [k for k in numeric_keys(reference, _later_patterns(), exclude=exclude) if k not in set(first)]
     return first, later
 
@@ -228,8 +242,11 @@ def trajectory_deviation(run: Mapping[str, np.ndarray], f64: Mapping[str, np.nda
     """Steps 2 and later: the largest deviation from the float64 replay over losses, eval
     outputs and per-tensor L1/L2 norms of gradients and parameters."""
     run, f64 = _with_norms(run), _with_norms(f64)
-    keys = [k for k in numeric_keys(f64, _later_patterns(), exclude=("*/input/*", "step1/*"))
-            if k in run and (k.endswith(("/l1", "/l2")) or re.fullmatch(r"step\d+/call\d+/loss|eval/out\d+", k))]
+    keys = [
+        k
+        for k in numeric_keys(f64, _later_patterns(), exclude=("*/input/*", "step1/*"))
+        if k in run and (k.endswith(("/l1", "/l2")) or re.fullmatch(r"step\d+/call\d+/loss|eval/out\d+", k))
+    ]
     return max_deviation(run, f64, keys, spec)[0]
 
 
@@ -239,9 +256,14 @@ def well_conditioned(anchor: Mapping[str, np.ndarray], f64: Mapping[str, np.ndar
     return max_deviation(anchor, f64, first + later, spec)[0] <= 1.0
 
 
-def judge(actual: Mapping[str, np.ndarray], anchor: Mapping[str, np.ndarray], f64: Mapping[str, np.ndarray],
-          spec: dict, perturbed: Mapping[str, Mapping[str, np.ndarray]] = {},
-          eager_step1: Optional[Mapping[str, np.ndarray]] = None) -> Dict[str, object]:
+def judge(
+    actual: Mapping[str, np.ndarray],
+    anchor: Mapping[str, np.ndarray],
+    f64: Mapping[str, np.ndarray],
+    spec: dict,
+    perturbed: Mapping[str, Mapping[str, np.ndarray]] = {},
+    eager_step1: Optional[Mapping[str, np.ndarray]] = None,
+) -> Dict[str, object]:
     """The verdict of the rule (module docstring) for one run: ``parity`` is "pass" or "FAIL";
     ``problems`` says why.  ``perturbed``: the perturbed float64 replays (trajectory rule);
     ``eager_step1``: the eager replay's step 1, the second step-1 reference where ORT's own
@@ -268,8 +290,10 @@ def judge(actual: Mapping[str, np.ndarray], anchor: Mapping[str, np.ndarray], f6
         bound = max(1.0, TRAJECTORY_FACTOR * max(references.values()))
         verdict.update(trajectory_ours=ours, trajectory_references=references, trajectory_bound=bound)
         if ours > bound:
-            problems.append(f"trajectory: ours deviates {ours:.3g}x the tolerance from the float64 replay; "
-                            f"references {references}; bound {bound:.3g}")
+            problems.append(
+                f"trajectory: ours deviates {ours:.3g}x the tolerance from the float64 replay; "
+                f"references {references}; bound {bound:.3g}"
+            )
     verdict["problems"] = problems
     verdict["parity"] = "pass" if not problems else "FAIL"
     return verdict
@@ -280,8 +304,9 @@ def _is_trajectory_key(key: str) -> bool:
     return key.endswith(("/l1", "/l2")) or bool(re.fullmatch(r"step\d+/call\d+/loss|eval/out\d+", key))
 
 
-def for_fixture(record: Mapping[str, np.ndarray], elements_after_step1: bool,
-                step1: bool = True) -> Dict[str, np.ndarray]:
+def for_fixture(
+    record: Mapping[str, np.ndarray], elements_after_step1: bool, step1: bool = True
+) -> Dict[str, np.ndarray]:
     """The part of a record worth committing.  Initial values come from the fill rule, so their
     sums and norms suffice (samples dropped); everything else of step 1 stays (unless not
     ``step1``: float64 replays are only read after step 1); later steps keep every key when
@@ -348,5 +373,5 @@ def unpack(arrays: Mapping[str, np.ndarray]) -> Dict[str, Dict[str, np.ndarray]]
                 continue
             source = arrays[f"{prefix}.{'float32' if np.dtype(dtype).kind == 'f' else 'int64'}"]
             count = int(np.prod(shape, dtype=np.int64))
-            record[key] = source[where: where + count].astype(dtype).reshape(shape)
+            record[key] = source[where : where + count].astype(dtype).reshape(shape)
     return records

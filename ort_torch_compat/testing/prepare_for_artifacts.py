@@ -39,6 +39,7 @@ torch 2.15; see /work/shared/spec/onnx2torch-findings.md, "ORT-side findings"):
   lower the field to 10 (never raise it).  Apply ``set_ir_version`` to every
   generated .onnx file too (``patch_ir_version_file``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -204,13 +205,15 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("input")
     ap.add_argument("output")
-    ap.add_argument("--ir-version", type=int, default=MAX_ORT_IR_VERSION,
-                    help="upper bound for ir_version (default 10, the most ORT 1.19 loads)")
-    ap.add_argument("--eval", action="store_true",
-                    help="treat input as a generated eval model (only BN pruning + IR)")
+    ap.add_argument(
+        "--ir-version",
+        type=int,
+        default=MAX_ORT_IR_VERSION,
+        help="upper bound for ir_version (default 10, the most ORT 1.19 loads)",
+    )
+    ap.add_argument("--eval", action="store_true", help="treat input as a generated eval model (only BN pruning + IR)")
     args = ap.parse_args(list(argv) if argv is not None else None)
     model = onnx.load(args.input)
     fn = prepare_eval_model if args.eval else prepare_model
     onnx.save(fn(model, args.ir_version), args.output)
     return 0
-

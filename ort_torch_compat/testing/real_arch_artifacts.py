@@ -16,6 +16,7 @@ and the scenario fills the parameters from a seeded generator (``ort_torch_compa
     python scripts/real_arch_artifacts.py resnet18 OUT_DIR [--opset 17] [--export train]
         [--stats frozen] [--optimizer adamw] [--size test] [--nominal]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,17 @@ def export_onnx(built: "zoo.Built", opset: int, export: str):
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(built.model, args, buffer, dynamo=False, opset_version=opset, input_names=names,
-                          output_names=["output"], training=mode, do_constant_folding=False)
+        torch.onnx.export(
+            built.model,
+            args,
+            buffer,
+            dynamo=False,
+            opset_version=opset,
+            input_names=names,
+            output_names=["output"],
+            training=mode,
+            do_constant_folding=False,
+        )
     return onnx.load_from_string(buffer.getvalue())
 
 
@@ -76,8 +86,9 @@ def split_parameters(built: "zoo.Built", model, stats: str):
     return requires_grad, frozen
 
 
-def make_artifacts(name: str, out_dir: "str | pathlib.Path", variant: Variant = Variant(), size: str = "test",
-                   nominal: bool = False) -> Dict[str, Any]:
+def make_artifacts(
+    name: str, out_dir: "str | pathlib.Path", variant: Variant = Variant(), size: str = "test", nominal: bool = False
+) -> Dict[str, Any]:
     """Write the four artifacts (plus ``inference.onnx``, the exported model) into ``out_dir``;
     return a description (parameter split, inputs, classes) for the scenario spec."""
     import onnx
@@ -91,9 +102,15 @@ def make_artifacts(name: str, out_dir: "str | pathlib.Path", variant: Variant = 
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     optimizer = artifacts.OptimType.AdamW if variant.optimizer == "adamw" else artifacts.OptimType.SGD
-    artifacts.generate_artifacts(prepared, requires_grad=requires_grad, frozen_params=frozen,
-                                 loss=getattr(artifacts.LossType, LOSS_BLOCKS[built.loss]), optimizer=optimizer,
-                                 artifact_directory=out, nominal_checkpoint=nominal)
+    artifacts.generate_artifacts(
+        prepared,
+        requires_grad=requires_grad,
+        frozen_params=frozen,
+        loss=getattr(artifacts.LossType, LOSS_BLOCKS[built.loss]),
+        optimizer=optimizer,
+        artifact_directory=out,
+        nominal_checkpoint=nominal,
+    )
     for path in sorted(out.glob("*.onnx")):
         model = onnx.load(str(path))
         if path.name == "eval_model.onnx":
@@ -108,8 +125,10 @@ def make_artifacts(name: str, out_dir: "str | pathlib.Path", variant: Variant = 
         "nominal": nominal,
         "loss": built.loss,
         "classes": built.classes,
-        "inputs": [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""), "kind": kind,
-                    "high": high} for n, t, kind, high in built.inputs],
+        "inputs": [
+            {"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""), "kind": kind, "high": high}
+            for n, t, kind, high in built.inputs
+        ],
         "trainable_params": requires_grad,
         "frozen_params": frozen,
     }
@@ -130,4 +149,3 @@ def main() -> int:
     info = make_artifacts(args.recipe, args.out_dir, variant, args.size, args.nominal)
     print(json.dumps(info, indent=1))
     return 0
-

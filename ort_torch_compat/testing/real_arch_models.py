@@ -15,6 +15,7 @@ Usage from a script or test::
 
 Needs torchvision and transformers (``pip install -e ".[zoo]"``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -107,8 +108,13 @@ def _mobilenet_v2(size: str) -> Built:
 
     model = torchvision.models.mobilenet_v2(num_classes=10, dropout=0.0)
     # ORT's own on-device training tutorial: only the classifier trains.
-    return Built(model, [("x", _images(size), "normal", 0)], "ce",
-                 frozen=lambda name: not name.startswith("classifier."), classes=10)
+    return Built(
+        model,
+        [("x", _images(size), "normal", 0)],
+        "ce",
+        frozen=lambda name: not name.startswith("classifier."),
+        classes=10,
+    )
 
 
 def _resnet18(size: str) -> Built:
@@ -130,8 +136,11 @@ _VOCAB = 128
 
 
 def _hf_sizes(size: str) -> Dict[str, int]:
-    return {"hidden": 32, "layers": 2, "heads": 2, "ffn": 64} if size == "test" else \
-        {"hidden": 128, "layers": 2, "heads": 4, "ffn": 256}
+    return (
+        {"hidden": 32, "layers": 2, "heads": 2, "ffn": 64}
+        if size == "test"
+        else {"hidden": 128, "layers": 2, "heads": 4, "ffn": 256}
+    )
 
 
 def _bert(size: str) -> Built:
@@ -139,14 +148,22 @@ def _bert(size: str) -> Built:
     import transformers
 
     s = _hf_sizes(size)
-    config = transformers.BertConfig(vocab_size=_VOCAB, hidden_size=s["hidden"], num_hidden_layers=s["layers"],
-                                     num_attention_heads=s["heads"], intermediate_size=s["ffn"],
-                                     max_position_embeddings=128, num_labels=3, hidden_dropout_prob=0.0,
-                                     attention_probs_dropout_prob=0.0)
+    config = transformers.BertConfig(
+        vocab_size=_VOCAB,
+        hidden_size=s["hidden"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        intermediate_size=s["ffn"],
+        max_position_embeddings=128,
+        num_labels=3,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     model = _hf_wrapper(transformers.BertForSequenceClassification(config), ["input_ids", "attention_mask"], False)
     ids = _tokens(size, _VOCAB)
-    return Built(model, [("input_ids", ids, "int", _VOCAB), ("attention_mask", torch.ones_like(ids), "mask", 0)],
-                 "ce", classes=3)
+    return Built(
+        model, [("input_ids", ids, "int", _VOCAB), ("attention_mask", torch.ones_like(ids), "mask", 0)], "ce", classes=3
+    )
 
 
 def _distilbert(size: str) -> Built:
@@ -154,23 +171,41 @@ def _distilbert(size: str) -> Built:
     import transformers
 
     s = _hf_sizes(size)
-    config = transformers.DistilBertConfig(vocab_size=_VOCAB, dim=s["hidden"], n_layers=s["layers"],
-                                           n_heads=s["heads"], hidden_dim=s["ffn"], max_position_embeddings=128,
-                                           num_labels=4, dropout=0.0, attention_dropout=0.0,
-                                           seq_classif_dropout=0.0)
-    model = _hf_wrapper(transformers.DistilBertForSequenceClassification(config), ["input_ids", "attention_mask"],
-                        False)
+    config = transformers.DistilBertConfig(
+        vocab_size=_VOCAB,
+        dim=s["hidden"],
+        n_layers=s["layers"],
+        n_heads=s["heads"],
+        hidden_dim=s["ffn"],
+        max_position_embeddings=128,
+        num_labels=4,
+        dropout=0.0,
+        attention_dropout=0.0,
+        seq_classif_dropout=0.0,
+    )
+    model = _hf_wrapper(
+        transformers.DistilBertForSequenceClassification(config), ["input_ids", "attention_mask"], False
+    )
     ids = _tokens(size, _VOCAB)
-    return Built(model, [("input_ids", ids, "int", _VOCAB), ("attention_mask", torch.ones_like(ids), "mask", 0)],
-                 "ce", classes=4)
+    return Built(
+        model, [("input_ids", ids, "int", _VOCAB), ("attention_mask", torch.ones_like(ids), "mask", 0)], "ce", classes=4
+    )
 
 
 def _gpt2(size: str) -> Built:
     import transformers
 
     s = _hf_sizes(size)
-    config = transformers.GPT2Config(vocab_size=_VOCAB, n_embd=s["hidden"], n_layer=s["layers"], n_head=s["heads"],
-                                     n_positions=128, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config = transformers.GPT2Config(
+        vocab_size=_VOCAB,
+        n_embd=s["hidden"],
+        n_layer=s["layers"],
+        n_head=s["heads"],
+        n_positions=128,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     model = _hf_wrapper(transformers.GPT2LMHeadModel(config), ["input_ids"], True)
     return Built(model, [("input_ids", _tokens(size, _VOCAB), "int", _VOCAB)], "ce", classes=_VOCAB)
 
@@ -179,10 +214,17 @@ def _llama(size: str) -> Built:
     import transformers
 
     s = _hf_sizes(size)
-    config = transformers.LlamaConfig(vocab_size=_VOCAB, hidden_size=s["hidden"], intermediate_size=s["ffn"],
-                                      num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
-                                      num_key_value_heads=max(1, s["heads"] // 2), max_position_embeddings=128,
-                                      tie_word_embeddings=False, attn_implementation="eager")
+    config = transformers.LlamaConfig(
+        vocab_size=_VOCAB,
+        hidden_size=s["hidden"],
+        intermediate_size=s["ffn"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=max(1, s["heads"] // 2),
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        attn_implementation="eager",
+    )
     model = _hf_wrapper(transformers.LlamaForCausalLM(config), ["input_ids"], True)
     return Built(model, [("input_ids", _tokens(size, _VOCAB), "int", _VOCAB)], "ce", classes=_VOCAB)
 
@@ -192,8 +234,15 @@ def _t5_encoder(size: str) -> Built:
     import transformers
 
     s = _hf_sizes(size)
-    config = transformers.T5Config(vocab_size=_VOCAB, d_model=s["hidden"], d_kv=s["hidden"] // s["heads"],
-                                   d_ff=s["ffn"], num_layers=s["layers"], num_heads=s["heads"], dropout_rate=0.0)
+    config = transformers.T5Config(
+        vocab_size=_VOCAB,
+        d_model=s["hidden"],
+        d_kv=s["hidden"] // s["heads"],
+        d_ff=s["ffn"],
+        num_layers=s["layers"],
+        num_heads=s["heads"],
+        dropout_rate=0.0,
+    )
 
     class T5Classifier(torch.nn.Module):
         """T5's encoder (RMSNorm, relative position bias) with a mean-pooled classifier head."""
@@ -208,8 +257,12 @@ def _t5_encoder(size: str) -> Built:
             return self.head(hidden.mean(dim=1))
 
     ids = _tokens(size, _VOCAB)
-    return Built(T5Classifier(), [("input_ids", ids, "int", _VOCAB), ("attention_mask", torch.ones_like(ids), "mask", 0)],
-                 "ce", classes=3)
+    return Built(
+        T5Classifier(),
+        [("input_ids", ids, "int", _VOCAB), ("attention_mask", torch.ones_like(ids), "mask", 0)],
+        "ce",
+        classes=3,
+    )
 
 
 def _vit(size: str) -> Built:
@@ -217,10 +270,18 @@ def _vit(size: str) -> Built:
 
     s = _hf_sizes(size)
     image = 16 if size == "test" else 32
-    config = transformers.ViTConfig(image_size=image, patch_size=4, num_channels=3, hidden_size=s["hidden"],
-                                    num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
-                                    intermediate_size=s["ffn"], num_labels=10, hidden_dropout_prob=0.0,
-                                    attention_probs_dropout_prob=0.0)
+    config = transformers.ViTConfig(
+        image_size=image,
+        patch_size=4,
+        num_channels=3,
+        hidden_size=s["hidden"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        intermediate_size=s["ffn"],
+        num_labels=10,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     model = _hf_wrapper(transformers.ViTForImageClassification(config), ["pixel_values"], False)
     return Built(model, [("pixel_values", _images(size, image, image), "normal", 0)], "ce", classes=10)
 
@@ -274,8 +335,13 @@ def _lora(size: str) -> Built:
             return self.head(self.blocks(self.embed(ids)).mean(dim=1))
 
     model = LoRAClassifier()
-    return Built(model, [("input_ids", _tokens(size, _VOCAB), "int", _VOCAB)], "ce",
-                 frozen=lambda name: not (".lora_" in name or name.startswith("head.")), classes=3)
+    return Built(
+        model,
+        [("input_ids", _tokens(size, _VOCAB), "int", _VOCAB)],
+        "ce",
+        frozen=lambda name: not (".lora_" in name or name.startswith("head.")),
+        classes=3,
+    )
 
 
 # ---------------------------------------------------------------- RNNs and U-Net
@@ -332,22 +398,40 @@ def _unet(size: str) -> Built:
     return Built(UNet(), [("x", _images(size, 16, 64), "normal", 0)], "mse")
 
 
-RECIPES: Dict[str, Recipe] = {r.name: r for r in [
-    Recipe("mobilenet_v2", "cnn", _mobilenet_v2, note="torchvision; frozen backbone (ORT's tutorial recipe)"),
-    Recipe("resnet18", "cnn", _resnet18, note="torchvision"),
-    Recipe("efficientnet_b0", "cnn", _efficientnet_b0, note="torchvision; SiLU, squeeze-excitation"),
-    Recipe("bert", "transformer", _bert, note="transformers BertForSequenceClassification, attention mask"),
-    Recipe("distilbert", "transformer", _distilbert, note="transformers DistilBertForSequenceClassification"),
-    Recipe("gpt2", "transformer", _gpt2, note="transformers GPT2LMHeadModel, causal LM"),
-    Recipe("llama", "transformer", _llama, note="transformers LlamaForCausalLM: RMSNorm, rotary, GQA"),
-    Recipe("t5_encoder", "transformer", _t5_encoder, ort_trains=False,
-           note="transformers T5EncoderModel: RMSNorm, relative bias; ORT 1.19.2's gradient graph for the "
-                "broadcast position bias fails its own shape inference (Unsqueeze_Grad/Squeeze)"),
-    Recipe("vit", "transformer", _vit, note="transformers ViTForImageClassification"),
-    Recipe("lora", "transformer", _lora, note="frozen attention encoder, trainable LoRA adapters"),
-    Recipe("lstm", "rnn", _lstm_classifier, note="Embedding + LSTM text classifier"),
-    Recipe("bilstm", "rnn", lambda size: _lstm_classifier(size, bidirectional=True), ort_trains=False,
-           note="bidirectional LSTM: ORT 1.19.2 CPU has no bidirectional LSTMGrad"),
-    Recipe("unet", "unet", _unet, ort_trains=False,
-           note="ConvTranspose: ORT 1.19.2 CPU has no ConvTransposeGrad kernel"),
-]}
+RECIPES: Dict[str, Recipe] = {
+    r.name: r
+    for r in [
+        Recipe("mobilenet_v2", "cnn", _mobilenet_v2, note="torchvision; frozen backbone (ORT's tutorial recipe)"),
+        Recipe("resnet18", "cnn", _resnet18, note="torchvision"),
+        Recipe("efficientnet_b0", "cnn", _efficientnet_b0, note="torchvision; SiLU, squeeze-excitation"),
+        Recipe("bert", "transformer", _bert, note="transformers BertForSequenceClassification, attention mask"),
+        Recipe("distilbert", "transformer", _distilbert, note="transformers DistilBertForSequenceClassification"),
+        Recipe("gpt2", "transformer", _gpt2, note="transformers GPT2LMHeadModel, causal LM"),
+        Recipe("llama", "transformer", _llama, note="transformers LlamaForCausalLM: RMSNorm, rotary, GQA"),
+        Recipe(
+            "t5_encoder",
+            "transformer",
+            _t5_encoder,
+            ort_trains=False,
+            note="transformers T5EncoderModel: RMSNorm, relative bias; ORT 1.19.2's gradient graph for the "
+            "broadcast position bias fails its own shape inference (Unsqueeze_Grad/Squeeze)",
+        ),
+        Recipe("vit", "transformer", _vit, note="transformers ViTForImageClassification"),
+        Recipe("lora", "transformer", _lora, note="frozen attention encoder, trainable LoRA adapters"),
+        Recipe("lstm", "rnn", _lstm_classifier, note="Embedding + LSTM text classifier"),
+        Recipe(
+            "bilstm",
+            "rnn",
+            lambda size: _lstm_classifier(size, bidirectional=True),
+            ort_trains=False,
+            note="bidirectional LSTM: ORT 1.19.2 CPU has no bidirectional LSTMGrad",
+        ),
+        Recipe(
+            "unet",
+            "unet",
+            _unet,
+            ort_trains=False,
+            note="ConvTranspose: ORT 1.19.2 CPU has no ConvTransposeGrad kernel",
+        ),
+    ]
+}

@@ -7,6 +7,7 @@ writes byte-reproducible ``expected.npz`` files.  Used by ``scripts/make_referen
 ``scripts/make_artifact_fixtures.py`` and ``scripts/make_real_arch_reference.py``, and by the
 tests that re-export a fixture model.  torch and onnx are imported by the functions that need them.
 """
+
 from __future__ import annotations
 
 import io
@@ -18,7 +19,7 @@ LR = {"adamw": 0.05, "sgd": 0.1}
 
 
 def seed_of(name: str) -> int:
-    return zlib.crc32(name.encode()) % (2 ** 31)
+    return zlib.crc32(name.encode()) % (2**31)
 
 
 def build_model(family: str, loss: str):
@@ -85,8 +86,9 @@ def build_model(family: str, loss: str):
             super().__init__()
             self.emb = nn.Embedding(vocab, d)
             self.pos = nn.Parameter(torch.randn(1, seq, d) * 0.1)
-            self.enc = nn.TransformerEncoderLayer(d, 2, dim_feedforward=16, dropout=0.0, activation="gelu",
-                                                  batch_first=True)
+            self.enc = nn.TransformerEncoderLayer(
+                d, 2, dim_feedforward=16, dropout=0.0, activation="gelu", batch_first=True
+            )
             self.ln = nn.LayerNorm(d)
             self.head = nn.Linear(d, ncls if ce else dout)
             self.ncls = ncls
@@ -116,12 +118,12 @@ def build_model(family: str, loss: str):
             self.head = nn.Linear(6, dout)
 
         def forward(self, x):
-            h = self.fc(x)                                   # (4, 8)
-            a = h.reshape(4, 2, 4).transpose(1, 2)           # Reshape, Transpose -> (4, 4, 2)
-            s = self.scale.expand(4, 4, 2)                   # Expand of a learnable param
-            b = torch.cat([a, a * s], dim=2)                 # Concat -> (4, 4, 4)
-            p, q = torch.split(b, [1, 3], dim=2)             # Split
-            c = q[:, 1:3, :]                                 # Slice -> (4, 2, 3)
+            h = self.fc(x)  # (4, 8)
+            a = h.reshape(4, 2, 4).transpose(1, 2)  # Reshape, Transpose -> (4, 4, 2)
+            s = self.scale.expand(4, 4, 2)  # Expand of a learnable param
+            b = torch.cat([a, a * s], dim=2)  # Concat -> (4, 4, 4)
+            p, q = torch.split(b, [1, 3], dim=2)  # Split
+            c = q[:, 1:3, :]  # Slice -> (4, 2, 3)
             w = torch.where(c > 0, c, 0.1 * c) + p[:, :2, :]  # Where (+ broadcast)
             return self.head(w.reshape(4, 6))
 
@@ -166,6 +168,7 @@ def build_model(family: str, loss: str):
 
 def onnx_dtype_name(elem_type: int) -> str:
     import onnx
+
     return str(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
 
 
@@ -182,6 +185,7 @@ def user_inputs(model, params: List[str]) -> List[Any]:
 def output_last_dim(train_m, eval_m) -> int:
     """Number of classes for CE labels: last dim of the loss input (the model output 'y')."""
     import onnx
+
     for g in (eval_m.graph, train_m.graph):
         for n in g.node:
             if n.op_type == "SoftmaxCrossEntropyLoss":
@@ -201,6 +205,7 @@ def save_npz(path: pathlib.Path, arrays: Dict[str, Any]) -> None:
     import zipfile
 
     import numpy as np
+
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for key in sorted(arrays):
             bio = io.BytesIO()

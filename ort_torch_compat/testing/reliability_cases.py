@@ -6,6 +6,7 @@ runs them through ort_torch_compat and compares (and runs ORT live when it is im
 Each function takes the training API module (``onnxruntime.training.api`` or
 ``ort_torch_compat.api``) where it needs one.
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -41,13 +42,17 @@ def duplicate_checkpoints() -> Dict[str, bytes]:
 def duplicate_property_checkpoints() -> Dict[str, bytes]:
     """Two properties of one name (the second renamed over the first in the bytes)."""
     out = {}
-    for kind, props in {"int, int": {"aa": 1, "ab": 2}, "int, float": {"aa": 1, "ab": 2.5},
-                        "float, str": {"aa": 1.5, "ab": "x"}}.items():
-        rec = CheckpointRecord(module_state=ModuleStateRecord([_t("w", [1, 1])], []), optimizer_groups=[],
-                               properties=props)
+    for kind, props in {
+        "int, int": {"aa": 1, "ab": 2},
+        "int, float": {"aa": 1, "ab": 2.5},
+        "float, str": {"aa": 1.5, "ab": "x"},
+    }.items():
+        rec = CheckpointRecord(
+            module_state=ModuleStateRecord([_t("w", [1, 1])], []), optimizer_groups=[], properties=props
+        )
         data = encode_checkpoint(rec)[0]
         at = data.find(b"ab\0")
-        out[kind] = data[:at] + b"aa" + data[at + 2:]
+        out[kind] = data[:at] + b"aa" + data[at + 2 :]
     return out
 
 
@@ -78,9 +83,15 @@ SCE_CASES = [
 
 def sce_model(attributes: dict) -> onnx.ModelProto:
     node = helper.make_node("SoftmaxCrossEntropyLoss", ["x", "y"], ["loss"], **attributes)
-    graph = helper.make_graph([node], "sce", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3]),
-                                              helper.make_tensor_value_info("y", TensorProto.INT64, [None])],
-                              [helper.make_tensor_value_info("loss", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [node],
+        "sce",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3]),
+            helper.make_tensor_value_info("y", TensorProto.INT64, [None]),
+        ],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, None)],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
@@ -89,8 +100,9 @@ def sce_model(attributes: dict) -> onnx.ModelProto:
 def sce_results(run: Callable[[onnx.ModelProto, np.ndarray, np.ndarray], np.ndarray]) -> List[list]:
     """``run(model, scores, labels) -> loss`` for each case."""
     scores = np.asarray(SCE_SCORES, np.float32)
-    return [np.asarray(run(sce_model(attrs), scores, np.asarray(labels, np.int64))).tolist()
-            for attrs, labels in SCE_CASES]
+    return [
+        np.asarray(run(sce_model(attrs), scores, np.asarray(labels, np.int64))).tolist() for attrs, labels in SCE_CASES
+    ]
 
 
 CE_LABELS = {"in range": [0, 1, 2, 1], "one label -1": [0, -1, 2, 1], "all -1": [-1, -1, -1, -1]}
@@ -128,8 +140,12 @@ def _initializer_dims(model):
     initializer.dims[0] += 1
 
 
-MODEL_EDITS = {"opset 999": _opset_999, "IR version 99": _ir_99, "duplicate graph output": _duplicate_output,
-               "initializer dims do not match its data": _initializer_dims}
+MODEL_EDITS = {
+    "opset 999": _opset_999,
+    "IR version 99": _ir_99,
+    "duplicate graph output": _duplicate_output,
+    "initializer dims do not match its data": _initializer_dims,
+}
 
 
 def edited_training_model(edit: str, directory: pathlib.Path) -> pathlib.Path:

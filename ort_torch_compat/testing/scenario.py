@@ -46,6 +46,7 @@ standard normal), ``"int"`` (int64 uniform in ``[0, high)``, class labels / toke
 ones for a random-length prefix, zeros after it).  ``spec['eval_inputs']`` lists the
 eval-graph user input names (default: same as train).
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -57,7 +58,7 @@ import numpy as np
 EVAL_SEED_KEY = 1000
 # 16 float32 ulps, relative: about the rounding error a float32 forward pass accumulates (the
 # real-architecture CNNs' activations differ from float64 ones by 1e-6 to 4e-6, relative).
-PERTURBATION = 2.0 ** -20
+PERTURBATION = 2.0**-20
 
 
 def _np(x: Any) -> np.ndarray:
@@ -137,7 +138,7 @@ def fill_values(spec: dict) -> np.ndarray:
             count = int(np.prod(spec["param_shapes"][name], dtype=np.int64))
             key = np.uint64((zlib.crc32(name.encode()) ^ seed) & 0xFFFFFFFF) << np.uint64(32)
             bits = _splitmix64(np.arange(count, dtype=np.uint64) + key)
-            unit = (bits >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+            unit = (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53
             parts.append((center + spread * (2.0 * unit - 1.0)).astype(np.float32))
     values = np.concatenate(parts) if parts else np.zeros(0, np.float32)
     if spec["fill"].get("perturb") is not None:
@@ -159,9 +160,13 @@ def _ortvalue(api: Any, array: np.ndarray) -> Any:
     return OrtValue.ortvalue_from_numpy(array)._ortvalue
 
 
-def run_scenario(api: Any, artifacts_dir: "pathlib.Path | str", spec: dict,
-                 out: Optional[MutableMapping[str, np.ndarray]] = None,
-                 model_suffix: str = ".onnx") -> MutableMapping[str, np.ndarray]:
+def run_scenario(
+    api: Any,
+    artifacts_dir: "pathlib.Path | str",
+    spec: dict,
+    out: Optional[MutableMapping[str, np.ndarray]] = None,
+    model_suffix: str = ".onnx",
+) -> MutableMapping[str, np.ndarray]:
     """Run the standard training scenario with ``api`` on the artifacts in ``artifacts_dir``.
 
     ``model_suffix`` picks the models' files: ``training_model{suffix}`` and so on (".ort"
@@ -235,8 +240,7 @@ def run_scenario(api: Any, artifacts_dir: "pathlib.Path | str", spec: dict,
             if g is None:
                 raise AssertionError(f"trainable parameter {name} has no gradient after train_step")
             out[f"step{k}/grad/{name}"] = _np(g)
-        out[f"step{k}/frozen_grad_is_none"] = np.array(
-            [state.parameters[n].grad is None for n in frozen], dtype=bool)
+        out[f"step{k}/frozen_grad_is_none"] = np.array([state.parameters[n].grad is None for n in frozen], dtype=bool)
         out[f"step{k}/lr"] = np.array(opt.get_learning_rate(), dtype=np.float64)
         opt.step()
         _record_params(out, state, f"step{k}/param", all_params)
@@ -254,8 +258,9 @@ def run_scenario(api: Any, artifacts_dir: "pathlib.Path | str", spec: dict,
     return out
 
 
-def run_scheduler_scenario(api: Any, artifacts_dir: "pathlib.Path | str", warmup: int, total: int,
-                           initial_lr: float, steps: int) -> Dict[str, np.ndarray]:
+def run_scheduler_scenario(
+    api: Any, artifacts_dir: "pathlib.Path | str", warmup: int, total: int, initial_lr: float, steps: int
+) -> Dict[str, np.ndarray]:
     """LinearLRScheduler trace: ``lr`` = [lr after construction, lr after each (opt.step(); sched.step())].
 
     ``api.LinearLRScheduler(opt, warmup, total, initial_lr)`` is called with the arguments
@@ -276,9 +281,14 @@ def run_scheduler_scenario(api: Any, artifacts_dir: "pathlib.Path | str", warmup
     return {"lr": np.array(lrs, dtype=np.float64)}
 
 
-def compare(expected: Dict[str, np.ndarray], actual: Dict[str, np.ndarray], rtol: float = 1e-5,
-            atol: float = 1e-6, ignore: Iterable[str] = (),
-            tolerances: Optional[Dict[str, "tuple[float, float]"]] = None) -> List[str]:
+def compare(
+    expected: Dict[str, np.ndarray],
+    actual: Dict[str, np.ndarray],
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+    ignore: Iterable[str] = (),
+    tolerances: Optional[Dict[str, "tuple[float, float]"]] = None,
+) -> List[str]:
     """Return one line per mismatching key (empty list: everything matches).
 
     * keys matching a glob in ``ignore`` are skipped;
@@ -333,8 +343,10 @@ def compare(expected: Dict[str, np.ndarray], actual: Dict[str, np.ndarray], rtol
         if bad.any():
             finite = diff[np.isfinite(diff)]
             maxdiff = float(finite.max()) if finite.size else float("inf")
-            problems.append(f"{key}: max abs diff {maxdiff:.3e} ({int(bad.sum())}/{bad.size} elements "
-                            f"outside rtol={r:g} atol={t:g})")
+            problems.append(
+                f"{key}: max abs diff {maxdiff:.3e} ({int(bad.sum())}/{bad.size} elements "
+                f"outside rtol={r:g} atol={t:g})"
+            )
         elif e.dtype != a.dtype:
             problems.append(f"{key}: dtype {a.dtype} != expected {e.dtype}")
     return problems

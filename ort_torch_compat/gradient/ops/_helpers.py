@@ -4,6 +4,7 @@
 or a ``Constant`` node's output); ``reduce`` emits a reduction whose axes are an attribute or
 an input depending on the opset (ReduceSum moved them at 13, the other reductions at 18).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence, Union
@@ -45,8 +46,11 @@ def constant_value(ctx: GradientContext, name: str, depth: int = 0) -> Optional[
                 return np.asarray(list(value) if isinstance(value, (list, tuple)) else value)
         return None
     operands = [constant_value(ctx, i, depth + 1) if i else None for i in producer.input]
-    if producer.op_type not in ("Identity", "Cast", "Concat", "Unsqueeze", "Squeeze") or \
-            any(v is None for v in operands[:1]) or (producer.op_type == "Concat" and any(v is None for v in operands)):
+    if (
+        producer.op_type not in ("Identity", "Cast", "Concat", "Unsqueeze", "Squeeze")
+        or any(v is None for v in operands[:1])
+        or (producer.op_type == "Concat" and any(v is None for v in operands))
+    ):
         return None
     if producer.op_type == "Identity":
         return operands[0]

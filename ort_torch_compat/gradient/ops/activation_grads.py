@@ -1,4 +1,5 @@
 """Gradients of activations and softmax, through ORT's fused com.microsoft gradient kernels."""
+
 from __future__ import annotations
 
 from ..context import MS_DOMAIN, GradientContext
@@ -100,8 +101,9 @@ def hard_sigmoid(ctx: GradientContext) -> None:
     dtype = ctx.np_dtype(ctx.I(0))
     scaled = ctx.emit("Mul", [ctx.I(0), ctx.constant("alpha", alpha, dtype=dtype)], [ctx.IA("scaled")])[0]
     pre = ctx.emit("Add", [scaled, ctx.constant("beta", beta, dtype=dtype)], [ctx.IA("pre")])[0]
-    slope = ctx.emit("Mul", [_inside_mask(ctx, pre, 0.0, 1.0), ctx.constant("alpha_slope", alpha, dtype=dtype)],
-                     [ctx.IA("slope")])[0]
+    slope = ctx.emit(
+        "Mul", [_inside_mask(ctx, pre, 0.0, 1.0), ctx.constant("alpha_slope", alpha, dtype=dtype)], [ctx.IA("slope")]
+    )[0]
     ctx.emit("Mul", [ctx.GO(0), slope], [ctx.GI(0)])
 
 
@@ -109,14 +111,22 @@ def hard_sigmoid(ctx: GradientContext) -> None:
 def hard_swish(ctx: GradientContext) -> None:
     """``y = x * clip(x/6 + 1/2, 0, 1)``: ``dy/dx`` is 0 below -3, 1 above 3, ``x/3 + 1/2`` between."""
     x, dtype = ctx.I(0), ctx.np_dtype(ctx.I(0))
-    ramp = ctx.emit("Add", [ctx.emit("Mul", [x, ctx.constant("third", 1.0 / 3.0, dtype=dtype)], [ctx.IA("x_third")])[0],
-                            ctx.constant("half", 0.5, dtype=dtype)], [ctx.IA("ramp")])[0]
+    ramp = ctx.emit(
+        "Add",
+        [
+            ctx.emit("Mul", [x, ctx.constant("third", 1.0 / 3.0, dtype=dtype)], [ctx.IA("x_third")])[0],
+            ctx.constant("half", 0.5, dtype=dtype),
+        ],
+        [ctx.IA("ramp")],
+    )[0]
     inside = _inside_mask(ctx, x, -3.0, 3.0)
-    above = ctx.emit("Cast", [ctx.emit("GreaterOrEqual", [x, ctx.constant("three", 3.0, dtype=dtype)],
-                                       [ctx.IA("at_least_three")])[0]],
-                     [ctx.IA("above_mask")], to=ctx.elem_type(x) or 1)[0]
-    slope = ctx.emit("Add", [ctx.emit("Mul", [ramp, inside], [ctx.IA("ramp_inside")])[0], above],
-                     [ctx.IA("slope")])[0]
+    above = ctx.emit(
+        "Cast",
+        [ctx.emit("GreaterOrEqual", [x, ctx.constant("three", 3.0, dtype=dtype)], [ctx.IA("at_least_three")])[0]],
+        [ctx.IA("above_mask")],
+        to=ctx.elem_type(x) or 1,
+    )[0]
+    slope = ctx.emit("Add", [ctx.emit("Mul", [ramp, inside], [ctx.IA("ramp_inside")])[0], above], [ctx.IA("slope")])[0]
     ctx.emit("Mul", [ctx.GO(0), slope], [ctx.GI(0)])
 
 

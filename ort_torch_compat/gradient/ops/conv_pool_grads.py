@@ -1,5 +1,6 @@
 """Gradients of convolution and pooling (ORT's ConvGrad, MaxPoolGrad and AveragePoolGrad kernels;
 ConvTranspose, which ORT 1.19.2 has no gradient for, through standard Conv ops)."""
+
 from __future__ import annotations
 
 import math
@@ -46,13 +47,17 @@ def _average_pool_by_transposed_conv(ctx: GradientContext, shape) -> None:
     rank = len(kernel)
     strides = list(ctx.attr("strides", [1] * rank))
     pads = list(ctx.attr("pads", [0] * 2 * rank))
-    if ctx.attr("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or ctx.attr("ceil_mode", 0) or \
-            any(d != 1 for d in ctx.attr("dilations", [1] * rank)):
+    if (
+        ctx.attr("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET")
+        or ctx.attr("ceil_mode", 0)
+        or any(d != 1 for d in ctx.attr("dilations", [1] * rank))
+    ):
         raise ctx.unsupported("AveragePool with auto_pad, ceil_mode or dilations on an input with a symbolic dim")
     spatial = shape[2:]
     outputs = [(size + pads[i] + pads[i + rank] - kernel[i]) // strides[i] + 1 for i, size in enumerate(spatial)]
-    output_padding = [size - (strides[i] * (outputs[i] - 1) + kernel[i] - pads[i] - pads[i + rank])
-                      for i, size in enumerate(spatial)]
+    output_padding = [
+        size - (strides[i] * (outputs[i] - 1) + kernel[i] - pads[i] - pads[i + rank]) for i, size in enumerate(spatial)
+    ]
     dtype = ctx.np_dtype(ctx.I(0))
     window = float(math.prod(kernel))
     if ctx.attr("count_include_pad", 0) or not any(pads):
@@ -60,13 +65,28 @@ def _average_pool_by_transposed_conv(ctx: GradientContext, shape) -> None:
     else:  # windows at the border average over fewer elements: count them with the forward op
         one = ctx.constant("one", 1.0, dtype=dtype)
         ones = ctx.emit("Expand", [one, ctx.emit("Shape", [ctx.I(0)], [ctx.IA("x_shape")])[0]], [ctx.IA("ones")])[0]
-        fraction = ctx.emit("AveragePool", [ones], [ctx.IA("window_fraction")], kernel_shape=kernel, strides=strides,
-                            pads=pads, count_include_pad=1)[0]
+        fraction = ctx.emit(
+            "AveragePool",
+            [ones],
+            [ctx.IA("window_fraction")],
+            kernel_shape=kernel,
+            strides=strides,
+            pads=pads,
+            count_include_pad=1,
+        )[0]
         count = ctx.emit("Mul", [fraction, ctx.constant("window_size", window, dtype=dtype)], [ctx.IA("count")])[0]
     scaled = ctx.emit("Div", [ctx.GO(0), count], [ctx.IA("scaled_dY")])[0]
     weights = ctx.constant("ones_kernel", np.ones([shape[1], 1, *kernel], dtype=dtype))
-    ctx.emit("ConvTranspose", [scaled, weights], [ctx.GI(0)], group=shape[1], kernel_shape=kernel, strides=strides,
-             pads=pads, output_padding=output_padding)
+    ctx.emit(
+        "ConvTranspose",
+        [scaled, weights],
+        [ctx.GI(0)],
+        group=shape[1],
+        kernel_shape=kernel,
+        strides=strides,
+        pads=pads,
+        output_padding=output_padding,
+    )
 
 
 @register("GlobalAveragePool")
@@ -111,8 +131,16 @@ def conv_transpose(ctx: GradientContext) -> None:
     if ctx.requires(2):
         reduce(ctx, "ReduceSum", dy, [0, *range(2, rank + 2)], False, ctx.GI(2))
     if ctx.requires(0):
-        ctx.emit("Conv", [dy, w], [ctx.GI(0)], kernel_shape=kernel, strides=strides, dilations=dilations, pads=pads,
-                 group=group)
+        ctx.emit(
+            "Conv",
+            [dy, w],
+            [ctx.GI(0)],
+            kernel_shape=kernel,
+            strides=strides,
+            dilations=dilations,
+            pads=pads,
+            group=group,
+        )
     if not ctx.requires(1):
         return
     dy_shape = ctx.shape(ctx.O(0))
@@ -121,16 +149,25 @@ def conv_transpose(ctx: GradientContext) -> None:
     group_out = w_shape[1]
     split = ctx.int64s("dY_grouped_shape", [0, group, group_out, *dy_shape[2:]])
     grouped = ctx.emit("Reshape", [dy, split], [ctx.IA("dY_grouped")])[0]
-    moved = ctx.emit("Transpose", [grouped], [ctx.IA("dY_channels_first")],
-                     perm=[2, 1, 0, *range(3, rank + 3)])[0]
+    moved = ctx.emit("Transpose", [grouped], [ctx.IA("dY_channels_first")], perm=[2, 1, 0, *range(3, rank + 3)])[0]
     merged = ctx.int64s("dY_as_batch_shape", [group_out, -1, *dy_shape[2:]])
     images = ctx.emit("Reshape", [moved, merged], [ctx.IA("dY_as_batch")])[0]
     filters = ctx.emit("Transpose", [x], [ctx.IA("X_as_kernel")], perm=[1, 0, *range(2, rank + 2)])[0]
     extent = [k + p // d for k, p, d in zip(kernel, output_padding, dilations)]  # the Conv's output size
-    full = ctx.emit("Conv", [images, filters], [ctx.IA("dW_transposed_full")], strides=dilations, dilations=strides,
-                    pads=pads, group=group)[0]
+    full = ctx.emit(
+        "Conv",
+        [images, filters],
+        [ctx.IA("dW_transposed_full")],
+        strides=dilations,
+        dilations=strides,
+        pads=pads,
+        group=group,
+    )[0]
     if extent != kernel:
         axes = list(range(2, rank + 2))
-        full = ctx.emit("Slice", [full, ctx.int64s("zeros", [0] * rank), ctx.int64s("kernel_ends", kernel),
-                                  ctx.int64s("kernel_axes", axes)], [ctx.IA("dW_transposed")])[0]
+        full = ctx.emit(
+            "Slice",
+            [full, ctx.int64s("zeros", [0] * rank), ctx.int64s("kernel_ends", kernel), ctx.int64s("kernel_axes", axes)],
+            [ctx.IA("dW_transposed")],
+        )[0]
     ctx.emit("Transpose", [full], [ctx.GI(1)], perm=[1, 0, *range(2, rank + 2)])

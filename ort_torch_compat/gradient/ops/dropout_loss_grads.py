@@ -1,4 +1,5 @@
 """Gradients of Dropout (the forward mask) and SoftmaxCrossEntropyLoss (the forward log-probabilities)."""
+
 from __future__ import annotations
 
 from ..context import MS_DOMAIN, GradientContext

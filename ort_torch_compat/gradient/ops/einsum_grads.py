@@ -12,6 +12,7 @@ ellipsis), and an operand whose index has static size 1 where another operand's 
 Refused: an index repeated within the operand whose gradient is needed (a diagonal, like
 ``"ii->i"``), and ``...`` in an operand of unknown rank.
 """
+
 from __future__ import annotations
 
 import string
@@ -55,7 +56,7 @@ def explicit_terms(ctx: GradientContext) -> List[List[str]]:
             return list(term)
         before, _, after = term.partition("...")
         count = rank - len(before) - len(after)
-        return list(before) + (ellipsis_letters[len(ellipsis_letters) - count:] if count else []) + list(after)
+        return list(before) + (ellipsis_letters[len(ellipsis_letters) - count :] if count else []) + list(after)
 
     inputs = [expand(t, len(ctx.shape(ctx.I(k))) if "..." in t else ranks[k]) for k, t in enumerate(terms)]
     if arrow:

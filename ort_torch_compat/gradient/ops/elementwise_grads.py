@@ -4,6 +4,7 @@ Broadcast inputs get their gradient summed back to their own shape (``ctx.reduce
 The formulas are ORT's (e.g. ``d sqrt(x) = dy * (0.5 / y)``, Erf through ``2/sqrt(pi) *
 exp(-x^2)``), so ORT running these graphs rounds like ORT running its own.
 """
+
 from __future__ import annotations
 
 import math

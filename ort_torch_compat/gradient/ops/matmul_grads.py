@@ -5,13 +5,14 @@ com.microsoft FusedMatMul (a MatMul with transposed operands) and sum broadcast 
 away; a 2-D weight ``B[K, N]`` gets ``dB = A'[M, K]^T dY'[M, N]`` with A and dY flattened to
 2-D, one GEMM for the whole batch.  Unknown shapes fall back to run-time axes.
 """
+
 from __future__ import annotations
 
 from typing import List
 
 from ..context import MS_DOMAIN, GradientContext, broadcast_reduction_axes
-from ..graph_index import is_static
 from ..gradient_registry import register
+from ..graph_index import is_static
 
 
 def _weight_grad_2d(ctx: GradientContext) -> None:

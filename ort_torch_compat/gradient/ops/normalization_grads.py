@@ -6,6 +6,7 @@
 ``LayerNormalizationGrad``.  The gradient kernels always write all their outputs, so the
 gradients nobody needs still get (unused) names.
 """
+
 from __future__ import annotations
 
 from ..context import MS_DOMAIN, GradientContext
@@ -18,15 +19,25 @@ BATCH_NORM_DEFAULT_EPSILON = 1e-5
 @register("BatchNormInternal", domain=MS_DOMAIN, inputs=(0, 1, 2))
 def batch_norm_internal(ctx: GradientContext) -> None:
     outputs = [ctx.GI_or_unused(i) for i in range(3)]
-    ctx.emit("BatchNormalizationGrad", [ctx.GO(0), ctx.I(0), ctx.I(1), ctx.O(3), ctx.O(4)], outputs,
-             domain=MS_DOMAIN, epsilon=float(ctx.attr("epsilon", BATCH_NORM_DEFAULT_EPSILON)))
+    ctx.emit(
+        "BatchNormalizationGrad",
+        [ctx.GO(0), ctx.I(0), ctx.I(1), ctx.O(3), ctx.O(4)],
+        outputs,
+        domain=MS_DOMAIN,
+        epsilon=float(ctx.attr("epsilon", BATCH_NORM_DEFAULT_EPSILON)),
+    )
 
 
 @register("LayerNormalization")
 def layer_norm(ctx: GradientContext) -> None:
     outputs = [ctx.GI_or_unused(i) for i in range(3)]
-    ctx.emit("LayerNormalizationGrad", [ctx.GO(0), ctx.I(0), ctx.I(1), ctx.O(1), ctx.O(2)], outputs,
-             domain=MS_DOMAIN, **ctx.source_attributes())
+    ctx.emit(
+        "LayerNormalizationGrad",
+        [ctx.GO(0), ctx.I(0), ctx.I(1), ctx.O(1), ctx.O(2)],
+        outputs,
+        domain=MS_DOMAIN,
+        **ctx.source_attributes(),
+    )
 
 
 @register("InstanceNormalization")
@@ -70,6 +81,9 @@ def instance_norm(ctx: GradientContext) -> None:
     projection = ctx.emit("Mul", [dxhat, normalized], [ctx.IA("dX_Hat_X_Hat")])[0]
     mean_projection = reduce(ctx, "ReduceMean", projection, spatial, True, ctx.IA("Mean_dX_Hat_X_Hat"))
     along = ctx.emit("Mul", [normalized, mean_projection], [ctx.IA("X_Hat_Projection")])[0]
-    centered_grad = ctx.emit("Sub", [ctx.emit("Sub", [dxhat, mean_dxhat], [ctx.IA("dX_Hat_Centered")])[0], along],
-                             [ctx.IA("dX_Hat_Orthogonal")])[0]
+    centered_grad = ctx.emit(
+        "Sub",
+        [ctx.emit("Sub", [dxhat, mean_dxhat], [ctx.IA("dX_Hat_Centered")])[0], along],
+        [ctx.IA("dX_Hat_Orthogonal")],
+    )[0]
     ctx.emit("Mul", [centered_grad, inv_std], [ctx.GI(0)])

@@ -4,13 +4,13 @@ LSTMGrad and GRUGrad take the forward inputs, the per-step states and gate value
 training ops saved, and the gradients of the hidden-state outputs, and return the gradients
 of every input at once; slots that are absent or not needed are empty names.
 """
+
 from __future__ import annotations
 
 from typing import List, Sequence
 
 from ..context import MS_DOMAIN, GradientContext
 from ..gradient_registry import register
-
 
 
 def _names(ctx: GradientContext, slots: Sequence[int], get) -> List[str]:

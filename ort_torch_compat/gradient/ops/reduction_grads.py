@@ -4,6 +4,7 @@ reduced axes; ReduceMax/ReduceMin route it to the extrema, ReduceL2 scales it by
 Opset 18 moved ReduceMean's axes from an attribute to an input (ReduceSum moved at 13); both
 forms are handled.  Without ``keepdims`` the reduced axes are re-inserted first.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Union
@@ -59,9 +60,13 @@ def reduce_sum(ctx: GradientContext) -> None:
 
 # ---- reductions ORT 1.19.2 has no gradient for (standard ops only) ----------------------------
 
+
 def _is_noop(ctx: GradientContext, axes) -> bool:
-    return axes is None and ctx.opset >= (13 if ctx.op_type == "ReduceSum" else 18) and \
-        bool(ctx.attr("noop_with_empty_axes", 0))
+    return (
+        axes is None
+        and ctx.opset >= (13 if ctx.op_type == "ReduceSum" else 18)
+        and bool(ctx.attr("noop_with_empty_axes", 0))
+    )
 
 
 @register("ReduceMax", "ReduceMin", inputs=(0,))

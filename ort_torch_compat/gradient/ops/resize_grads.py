@@ -13,6 +13,7 @@ Symbolic dims are fine on axes that are not resized (scale 1: a dynamic batch). 
 antialias, tf_crop_and_resize, a resized axis of unknown size, and scales/sizes computed in the
 graph when the output's size along a resized axis is not static either.
 """
+
 from __future__ import annotations
 
 import math
@@ -67,8 +68,16 @@ def _cubic(t: np.ndarray, a: float) -> np.ndarray:
     return np.where(t <= 1, near, np.where(t < 2, far, 0.0))
 
 
-def interpolation_matrix(mode: str, transform: str, nearest_mode: str, cubic_a: float, exclude_outside: bool,
-                         in_len: int, out_len: int, scale: float) -> np.ndarray:
+def interpolation_matrix(
+    mode: str,
+    transform: str,
+    nearest_mode: str,
+    cubic_a: float,
+    exclude_outside: bool,
+    in_len: int,
+    out_len: int,
+    scale: float,
+) -> np.ndarray:
     """The ``(out_len x in_len)`` float64 matrix of one resized axis."""
     position = _source(np.arange(out_len, dtype=np.float64), transform, scale, in_len, out_len)
     columns = np.arange(in_len, dtype=np.float64)
@@ -80,8 +89,9 @@ def interpolation_matrix(mode: str, transform: str, nearest_mode: str, cubic_a: 
         low = np.floor(clamped)
         frac = clamped - low
         high = np.minimum(low + 1, in_len - 1)
-        return (columns[None, :] == low[:, None]) * (1 - frac)[:, None] + \
-            (columns[None, :] == high[:, None]) * frac[:, None]
+        return (columns[None, :] == low[:, None]) * (1 - frac)[:, None] + (columns[None, :] == high[:, None]) * frac[
+            :, None
+        ]
     if mode == "cubic":
         base = np.floor(position)
         weights = np.zeros((out_len, in_len))
@@ -122,11 +132,14 @@ def _axes_and_scales(ctx: GradientContext, in_shape: List, out_shape):
     for index, axis in enumerate(axes):
         in_len = in_shape[axis]
         if not isinstance(in_len, int):
-            unchanged = (scales is not None and scales[index] == 1.0) or \
-                (scales is None and out_shape is not None and out_shape[axis] == in_len)
+            unchanged = (scales is not None and scales[index] == 1.0) or (
+                scales is None and out_shape is not None and out_shape[axis] == in_len
+            )
             if not unchanged:
-                raise ctx.unsupported(f"Resize along axis {axis}, whose size is not static (the interpolation "
-                                      f"matrices are built with the artifacts)")
+                raise ctx.unsupported(
+                    f"Resize along axis {axis}, whose size is not static (the interpolation "
+                    f"matrices are built with the artifacts)"
+                )
             continue  # a symbolic (batch) axis that is not resized
         if sizes is not None:
             out_len = sizes[index]
@@ -135,8 +148,9 @@ def _axes_and_scales(ctx: GradientContext, in_shape: List, out_shape):
         elif out_shape is not None and isinstance(out_shape[axis], int):
             out_len = out_shape[axis]  # scales computed in the graph: the inferred static size
         else:
-            raise ctx.unsupported("Resize whose scales/sizes are computed in the graph and whose output shape "
-                                  "is not static")
+            raise ctx.unsupported(
+                "Resize whose scales/sizes are computed in the graph and whose output shape is not static"
+            )
         scale = scales[index] if scales is not None else out_len / in_len
         result.append((axis, in_len, out_len, scale))
     return result
@@ -190,8 +204,16 @@ def resize(ctx: GradientContext) -> None:
     rank = len(in_shape)
     matrices = []
     for axis, in_len, out_len, scale in _axes_and_scales(ctx, in_shape, out_shape):
-        matrix = interpolation_matrix(mode, transform, nearest_mode, float(ctx.attr("cubic_coeff_a", -0.75)),
-                                      bool(ctx.attr("exclude_outside", 0)), in_len, out_len, scale)
+        matrix = interpolation_matrix(
+            mode,
+            transform,
+            nearest_mode,
+            float(ctx.attr("cubic_coeff_a", -0.75)),
+            bool(ctx.attr("exclude_outside", 0)),
+            in_len,
+            out_len,
+            scale,
+        )
         if matrix.shape == (in_len, in_len) and np.array_equal(matrix, np.eye(in_len)):
             continue
         matrices.append((axis, matrix))
@@ -220,7 +242,10 @@ def resize(ctx: GradientContext) -> None:
             perm = list(range(rank))
             perm[axis], perm[rank - 2] = rank - 2, axis
             moved = ctx.emit("Transpose", [grad], [ctx.IA(f"dY_axis{axis}_moved")], perm=perm)[0]
-            product = ctx.emit("MatMul", [ctx.constant(f"Interpolation_T_axis{axis}", matrix.T.astype(dtype)), moved],
-                               [ctx.IA(f"dX_axis{axis}_moved")])[0]
+            product = ctx.emit(
+                "MatMul",
+                [ctx.constant(f"Interpolation_T_axis{axis}", matrix.T.astype(dtype)), moved],
+                [ctx.IA(f"dX_axis{axis}_moved")],
+            )[0]
             ctx.emit("Transpose", [product], [output], perm=perm)
         grad = output

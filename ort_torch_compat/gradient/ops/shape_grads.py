@@ -1,6 +1,7 @@
 """Gradients of ops that move data without arithmetic: reshape, transpose, (un)squeeze, concat,
 split, slice, gather, tile, scatter.  Each routes the output gradient back to where the input elements came
 from; slice and gather scatter it into zeros with ORT's SliceGrad / GatherGrad kernels."""
+
 from __future__ import annotations
 
 from typing import List
@@ -85,8 +86,9 @@ def split(ctx: GradientContext) -> None:
             continue
         dims = ctx.emit("Shape", [name], [ctx.IA(f"shape_{i}")])[0]
         zero = np.zeros([1], dtype=ctx.np_dtype(name))
-        parts.append(ctx.emit("ConstantOfShape", [dims], [ctx.IA(f"zeros_{i}")],
-                              value=numpy_helper.from_array(zero))[0])
+        parts.append(
+            ctx.emit("ConstantOfShape", [dims], [ctx.IA(f"zeros_{i}")], value=numpy_helper.from_array(zero))[0]
+        )
     ctx.emit("Concat", parts, [ctx.GI(0)], axis=int(ctx.attr("axis", 0)))
 
 
@@ -107,8 +109,9 @@ def gather(ctx: GradientContext) -> None:
 @register("GatherElements", inputs=(0,))
 def gather_elements(ctx: GradientContext) -> None:
     dims = ctx.emit("Shape", [ctx.I(0)], [ctx.IA("x_shape")])[0]
-    ctx.emit("GatherElementsGrad", [ctx.GO(0), dims, ctx.I(1)], [ctx.GI(0)], domain=MS_DOMAIN,
-             axis=int(ctx.attr("axis", 0)))
+    ctx.emit(
+        "GatherElementsGrad", [ctx.GO(0), dims, ctx.I(1)], [ctx.GI(0)], domain=MS_DOMAIN, axis=int(ctx.attr("axis", 0))
+    )
 
 
 @register("Pad", inputs=(0,))
@@ -133,8 +136,9 @@ def tile(ctx: GradientContext) -> None:
         raise ctx.unsupported("Tile of an input of unknown rank")
     rank = len(shape) if shape is not None else int(np.asarray(repeats).size)
     if shape is not None and repeats is not None and all(isinstance(d, int) for d in shape):
-        interleaved = ctx.int64s("interleaved_shape", [v for pair in zip(np.asarray(repeats).reshape(-1).tolist(), shape)
-                                                       for v in pair])
+        interleaved = ctx.int64s(
+            "interleaved_shape", [v for pair in zip(np.asarray(repeats).reshape(-1).tolist(), shape) for v in pair]
+        )
     else:
         x_dims = ctx.emit("Shape", [ctx.I(0)], [ctx.IA("X_shape")])[0]
         columns = [ctx.IA("repeats_column"), ctx.IA("dims_column")]
@@ -160,8 +164,12 @@ def scatter_elements(ctx: GradientContext) -> None:
             ctx.emit("Identity", [ctx.GO(0)], [ctx.GI(0)])
         else:
             dims = ctx.emit("Shape", [ctx.I(2)], [ctx.IA("updates_shape")])[0]
-            zeros = ctx.emit("ConstantOfShape", [dims], [ctx.IA("zeros")],
-                             value=numpy_helper.from_array(np.zeros([1], dtype=ctx.np_dtype(ctx.I(0)))))[0]
+            zeros = ctx.emit(
+                "ConstantOfShape",
+                [dims],
+                [ctx.IA("zeros")],
+                value=numpy_helper.from_array(np.zeros([1], dtype=ctx.np_dtype(ctx.I(0)))),
+            )[0]
             ctx.emit("ScatterElements", [ctx.GO(0), ctx.I(1), zeros], [ctx.GI(0)], axis=axis)
     if ctx.requires(2):
         ctx.emit("GatherElements", [ctx.GO(0), ctx.I(1)], [ctx.GI(2)], axis=axis)

@@ -1,4 +1,5 @@
 """Our converters, registered on import (see ..converter_registry for the lookup order)."""
+
 from . import (  # noqa: F401
     activations,
     batch_norm,

@@ -1,4 +1,5 @@
 """Helpers shared by our converters: attribute access and the result shape onnx2torch expects."""
+
 from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
@@ -20,7 +21,9 @@ def result(module: nn.Module, node: OnnxNode, inputs: Optional[Sequence[str]] = 
     """Wire `module` to the node's inputs (or the given subset) and all its outputs."""
     return OperationConverterResult(
         torch_module=module,
-        onnx_mapping=OnnxMapping(inputs=tuple(node.input_values if inputs is None else inputs), outputs=node.output_values),
+        onnx_mapping=OnnxMapping(
+            inputs=tuple(node.input_values if inputs is None else inputs), outputs=node.output_values
+        ),
     )
 
 

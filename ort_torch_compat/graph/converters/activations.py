@@ -1,4 +1,5 @@
 """GELU family: ai.onnx Gelu-20 and the com.microsoft fusions ORT writes into training graphs."""
+
 from __future__ import annotations
 
 import torch

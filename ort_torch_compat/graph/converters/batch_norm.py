@@ -5,6 +5,7 @@ variance with the *biased* batch variance and writes the running stats in place 
 frozen parameters of the checkpoint state during train_step.  BatchNormalization-6/7
 (`is_test`/`spatial` attributes) runs as inference, as in ORT.
 """
+
 from __future__ import annotations
 
 import torch

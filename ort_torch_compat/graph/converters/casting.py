@@ -4,6 +4,7 @@ Numeric casts are torch's `.to()` (float -> int truncates toward zero, as ONNX s
 Strings are numpy arrays here (torch has no string tensors): casting to or from them goes
 through numpy's string parsing and formatting.
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,7 +35,9 @@ def cast(value, onnx_type: int):
         array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
         return array.astype(np.str_)
     if not isinstance(value, torch.Tensor):  # strings -> numbers
-        numbers = np.asarray(value).astype(np.float64 if onnx_type in (TensorProto.FLOAT, TensorProto.DOUBLE) else np.int64)
+        numbers = np.asarray(value).astype(
+            np.float64 if onnx_type in (TensorProto.FLOAT, TensorProto.DOUBLE) else np.int64
+        )
         return torch.from_numpy(numbers).to(torch_dtype(onnx_type))
     return value.to(torch_dtype(onnx_type))
 

@@ -1,6 +1,7 @@
 """ORT's inference fusions (com.microsoft FusedConv, FusedGemm): a Conv or Gemm followed by
 an activation (and, for FusedConv, an added tensor), as ORT's optimizer writes them into
 exported inference models.  ORT has no gradient for them."""
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -32,8 +33,14 @@ class FusedConv(OnnxModule):
 @register("FusedConv", 1, domain="com.microsoft")
 def _fused_conv(node: OnnxNode, graph: OnnxGraph):
     a = node.attributes
-    conv = Conv(a.get("strides"), a.get("dilations"), a.get("group", 1), a.get("pads"), a.get("auto_pad", "NOTSET"),
-                a.get("kernel_shape"))
+    conv = Conv(
+        a.get("strides"),
+        a.get("dilations"),
+        a.get("group", 1),
+        a.get("pads"),
+        a.get("auto_pad", "NOTSET"),
+        a.get("kernel_shape"),
+    )
     return result(FusedConv(conv, activation(a.get("activation", "Relu"), a.get("activation_params", []))), node)
 
 
@@ -49,9 +56,12 @@ class FusedGemm(OnnxModule):
 @register("FusedGemm", 1, domain="com.microsoft")
 def _fused_gemm(node: OnnxNode, graph: OnnxGraph):
     a = node.attributes
-    gemm = Gemm(float(a.get("alpha", 1.0)), float(a.get("beta", 1.0)), bool(a.get("transA", 0)), bool(a.get("transB", 0)))
+    gemm = Gemm(
+        float(a.get("alpha", 1.0)), float(a.get("beta", 1.0)), bool(a.get("transA", 0)), bool(a.get("transB", 0))
+    )
     name = a.get("activation", "Relu")
     # Only these two read activation_alpha/beta; absent ones take named_activation's defaults.
-    alpha, beta = ((a.get("activation_alpha"), a.get("activation_beta")) if name in ("LeakyRelu", "HardSigmoid")
-                   else (None, None))
+    alpha, beta = (
+        (a.get("activation_alpha"), a.get("activation_beta")) if name in ("LeakyRelu", "HardSigmoid") else (None, None)
+    )
     return result(FusedGemm(gemm, named_activation(name, alpha, beta)), node)

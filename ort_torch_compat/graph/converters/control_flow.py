@@ -1,6 +1,7 @@
 """If, Loop, Scan and SequenceMap: their bodies are converted like any graph (graph.builder) and run by a
 Python loop or branch.  A body may read values of the enclosing graph by name: those become
 extra inputs of the node here, fed from the outer scope."""
+
 from __future__ import annotations
 
 from typing import List, Sequence
@@ -63,8 +64,14 @@ def _if(node: OnnxNode, graph: OnnxGraph):
     then_graph, else_graph = _graph_attribute(node, "then_branch"), _graph_attribute(node, "else_branch")
     then_outer, else_outer = outer_names(then_graph), outer_names(else_graph)
     outer = list(dict.fromkeys(then_outer + else_outer))
-    module = If(_body(then_graph, then_outer, f"{node.name} then_branch"), then_outer,
-                _body(else_graph, else_outer, f"{node.name} else_branch"), else_outer, outer, len(node.output_values))
+    module = If(
+        _body(then_graph, then_outer, f"{node.name} then_branch"),
+        then_outer,
+        _body(else_graph, else_outer, f"{node.name} else_branch"),
+        else_outer,
+        outer,
+        len(node.output_values),
+    )
     return result(module, node, [node.input_values[0]] + outer)
 
 
@@ -84,15 +91,15 @@ class Loop(OnnxModule):
         keep_going = True
         if self.has_condition:
             keep_going, position = bool(inputs[position]), position + 1
-        values = list(inputs[position:position + self.carried])
-        outer = list(inputs[position + self.carried:])
+        values = list(inputs[position : position + self.carried])
+        outer = list(inputs[position + self.carried :])
         scans: List[List[torch.Tensor]] = []
         step = 0
         while keep_going and (trip_count is None or step < trip_count):
             out = self.body(torch.tensor(step, dtype=torch.int64), torch.tensor(keep_going), *values, *outer)
             keep_going = bool(out[0])
-            values = list(out[1:1 + self.carried])
-            scans.append(list(out[1 + self.carried:]))
+            values = list(out[1 : 1 + self.carried])
+            scans.append(list(out[1 + self.carried :]))
             step += 1
         stacked = [torch.stack([s[k] for s in scans]) for k in range(len(scans[0]))] if scans else []
         results = (values + stacked)[: self.outputs]
@@ -106,8 +113,14 @@ def _loop(node: OnnxNode, graph: OnnxGraph):
     present = [position < len(node.input_values) and bool(node.input_values[position]) for position in (0, 1)]
     carried = list(node.input_values[2:])
     inputs = [node.input_values[p] for p in (0, 1) if present[p]] + carried + outer
-    module = Loop(_body(body, outer, f"{node.name} body"), present[0], present[1], len(carried), len(outer),
-                  len(node.output_values))
+    module = Loop(
+        _body(body, outer, f"{node.name} body"),
+        present[0],
+        present[1],
+        len(carried),
+        len(outer),
+        len(node.output_values),
+    )
     return result(module, node, inputs)
 
 
@@ -115,8 +128,19 @@ class Scan(OnnxModule):
     """Scan-9+: states carried over the slices of the scan inputs along their axes (either
     direction); Scan-8 does the same per batch element (axis 0)."""
 
-    def __init__(self, body, states: int, scan_inputs: int, input_axes, input_directions, output_axes,
-                 output_directions, outer: int, batched: bool, outputs: int):
+    def __init__(
+        self,
+        body,
+        states: int,
+        scan_inputs: int,
+        input_axes,
+        input_directions,
+        output_axes,
+        output_directions,
+        outer: int,
+        batched: bool,
+        outputs: int,
+    ):
         super().__init__()
         self.body, self.states, self.scan_inputs, self.outer = body, states, scan_inputs, outer
         self.input_axes, self.input_directions = input_axes, input_directions
@@ -130,8 +154,8 @@ class Scan(OnnxModule):
         for t in range(length):
             slices = [x.select(a, length - 1 - t if d else t) for x, a, d in zip(scans, axes, self.input_directions)]
             out = self.body(*states, *slices, *outer)
-            states = list(out[:self.states])
-            collected.append(list(out[self.states:]))
+            states = list(out[: self.states])
+            collected.append(list(out[self.states :]))
         stacked = []
         for k in range(len(collected[0]) if collected else 0):
             items = [c[k] for c in collected]
@@ -142,13 +166,15 @@ class Scan(OnnxModule):
         return states + stacked
 
     def forward(self, *inputs):
-        states = list(inputs[:self.states])
-        scans = list(inputs[self.states:self.states + self.scan_inputs])
-        outer = list(inputs[self.states + self.scan_inputs:])
+        states = list(inputs[: self.states])
+        scans = list(inputs[self.states : self.states + self.scan_inputs])
+        outer = list(inputs[self.states + self.scan_inputs :])
         if not self.batched:
             results = self._scan(states, scans, outer)
         else:  # Scan-8: (sequence_lens,) states [B, ...], scans [B, T, ...]
-            per_batch = [self._scan([s[b] for s in states], [x[b] for x in scans], outer) for b in range(scans[0].shape[0])]
+            per_batch = [
+                self._scan([s[b] for s in states], [x[b] for x in scans], outer) for b in range(scans[0].shape[0])
+            ]
             results = [torch.stack([r[k] for r in per_batch]) for k in range(len(per_batch[0]))]
         results = results[: self.outputs]
         return results[0] if self.outputs == 1 else tuple(results)
@@ -168,14 +194,19 @@ def _scan(batched: bool):
         states = len(values) - count
         scan_outputs = len(body.output) - states
         module = Scan(
-            _body(body, outer, f"{node.name} body"), states, count,
+            _body(body, outer, f"{node.name} body"),
+            states,
+            count,
             list(a.get("scan_input_axes", [0] * count)) if not batched else [0] * count,
             list(a.get("scan_input_directions", a.get("directions", [0] * count))),
             list(a.get("scan_output_axes", [0] * scan_outputs)) if not batched else [0] * scan_outputs,
             list(a.get("scan_output_directions", [0] * scan_outputs)) if not batched else [0] * scan_outputs,
-            len(outer), batched, len(node.output_values),
+            len(outer),
+            batched,
+            len(node.output_values),
         )
         return result(module, node, values + outer)
+
     return convert
 
 
@@ -192,7 +223,7 @@ class SequenceMap(OnnxModule):
         self.body, self.inputs, self.outputs = body, inputs, outputs
 
     def forward(self, *values):
-        mapped, outer = values[:self.inputs], values[self.inputs:]
+        mapped, outer = values[: self.inputs], values[self.inputs :]
         count = len(mapped[0])
         collected: List[List[torch.Tensor]] = [[] for _ in range(self.outputs)]
         for i in range(count):

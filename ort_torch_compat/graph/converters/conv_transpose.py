@@ -9,6 +9,7 @@ output is extended at the end.  Symmetric pads run as one torch call; others run
 then the full result is cropped and zero-extended (`output_padding` and the extension above:
 positions that receive only the bias).
 """
+
 from __future__ import annotations
 
 from typing import List, Optional, Sequence
@@ -59,8 +60,11 @@ class ConvTranspose(OnnxModule):
         cropped = [size - b - e for size, b, e in zip(full, pads[:rank], pads[rank:])]
         grow = [0] * rank if wanted is None else [max(0, want - size) for want, size in zip(wanted, cropped)]
         conv = _CONV_TRANSPOSE[rank]
-        if (pads[:rank] == pads[rank:] and not any(grow)
-                and all(e < max(s, d) for e, s, d in zip(extra, strides, dilations))):
+        if (
+            pads[:rank] == pads[rank:]
+            and not any(grow)
+            and all(e < max(s, d) for e, s, d in zip(extra, strides, dilations))
+        ):
             return conv(x, weight, bias, strides, pads[:rank], extra, self.group, dilations)
         y = conv(x, weight, None, strides, 0, 0, self.group, dilations)
         if any(extra):  # output_padding: zero rows at the end, before cropping
@@ -77,6 +81,13 @@ class ConvTranspose(OnnxModule):
 @register("ConvTranspose", 1, 11)
 def _conv_transpose(node: OnnxNode, graph: OnnxGraph):
     a = node.attributes
-    module = ConvTranspose(a.get("strides"), a.get("dilations"), a.get("group", 1), a.get("pads"),
-                           a.get("auto_pad", "NOTSET"), a.get("output_padding"), a.get("output_shape"))
+    module = ConvTranspose(
+        a.get("strides"),
+        a.get("dilations"),
+        a.get("group", 1),
+        a.get("pads"),
+        a.get("auto_pad", "NOTSET"),
+        a.get("output_padding"),
+        a.get("output_shape"),
+    )
     return result(module, node)

@@ -1,4 +1,5 @@
 """Conv with weights fed at run time (onnx2torch only converts initializer weights)."""
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,9 @@ from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
 
-def same_padding(in_sizes: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
-                 dilations: Sequence[int], upper: bool) -> List[int]:
+def same_padding(
+    in_sizes: Sequence[int], kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int], upper: bool
+) -> List[int]:
     """ONNX SAME_UPPER/SAME_LOWER pads as [begin..., end...] for the given input sizes."""
     begins, ends = [], []
     for size, k, s, d in zip(in_sizes, kernel, strides, dilations):
@@ -63,6 +65,12 @@ class Conv(OnnxModule):
 @register("Conv", 1, 11)
 def _conv(node: OnnxNode, graph: OnnxGraph):
     a = node.attributes
-    module = Conv(a.get("strides"), a.get("dilations"), a.get("group", 1), a.get("pads"),
-                  a.get("auto_pad", "NOTSET"), a.get("kernel_shape"))
+    module = Conv(
+        a.get("strides"),
+        a.get("dilations"),
+        a.get("group", 1),
+        a.get("pads"),
+        a.get("auto_pad", "NOTSET"),
+        a.get("kernel_shape"),
+    )
     return result(module, node)

@@ -1,5 +1,6 @@
 """Ops that move elements without computing: legacy Reshape/Flatten, Reshape's allowzero,
 Depth/SpaceToDepth, CenterCropPad, Col2Im, and Constant."""
+
 from __future__ import annotations
 
 import math
@@ -136,8 +137,12 @@ class Constant(OnnxModule):
         return self.value
 
 
-_CONSTANT_DTYPES = {"value_float": torch.float32, "value_floats": torch.float32, "value_int": torch.int64,
-                    "value_ints": torch.int64}
+_CONSTANT_DTYPES = {
+    "value_float": torch.float32,
+    "value_floats": torch.float32,
+    "value_int": torch.int64,
+    "value_ints": torch.int64,
+}
 
 
 @register("Constant", 1, 9, 11, 12, 13, 19, 21, 23, 24)
@@ -145,7 +150,7 @@ def _constant(node: OnnxNode, graph: OnnxGraph):
     """Every form of Constant.  onnx2torch builds value_ints with torch.tensor, so an empty
     list (the dynamo exporter's `Constant(value_ints=[])`, an Expand's target shape) came
     out float32; here the attribute's ONNX type decides the dtype."""
-    (name, value), = node.attributes.items()
+    ((name, value),) = node.attributes.items()
     if name == "value":
         return result(Constant(value.to_torch()), node)
     if name in _CONSTANT_DTYPES:
@@ -157,7 +162,7 @@ def _constant(node: OnnxNode, graph: OnnxGraph):
         flat = torch.zeros(math.prod(value.dims), dtype=torch.from_numpy(dense).dtype)
         indices = torch.from_numpy(numpy_helper.to_array(value.indices).astype("int64"))
         if indices.dim() == 2:  # [NNZ, rank] coordinates
-            strides = torch.tensor([math.prod(value.dims[i + 1:]) for i in range(len(value.dims))])
+            strides = torch.tensor([math.prod(value.dims[i + 1 :]) for i in range(len(value.dims))])
             indices = (indices * strides).sum(dim=1)
         flat[indices] = torch.from_numpy(dense.reshape(-1))
         return result(Constant(flat.reshape(list(value.dims))), node)

@@ -7,6 +7,7 @@ the conversion reproduces ORT's gradients.  The optional mask output is True whe
 was kept: all True when inactive, but all False from ORT's inference-only Dropout-7/10 kernels
 (measured), whose mask has the input's type before opset 10.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,15 @@ from ._common import OnnxGraph, OnnxModule, OnnxNode, constants_or_fed, result, 
 
 
 class Dropout(OnnxModule):
-    def __init__(self, ratio: float, training: bool, with_mask: bool, mask_dtype: torch.dtype, ort_scaled_grad: bool,
-                 legacy: bool = False):
+    def __init__(
+        self,
+        ratio: float,
+        training: bool,
+        with_mask: bool,
+        mask_dtype: torch.dtype,
+        ort_scaled_grad: bool,
+        legacy: bool = False,
+    ):
         super().__init__()
         self.legacy = legacy
         self.ratio, self.training_mode = ratio, training
@@ -46,8 +54,13 @@ def _opset12(node: OnnxNode, graph: OnnxGraph):
     has_ratio = len(node.input_values) > 1 and bool(node.input_values[1])
     # ORT's DropoutGrad scales by 1/(1 - ratio) even when inactive, but only when the node has a
     # ratio input (measured; without one the gradient is the identity).
-    module = Dropout(float(scalar(ratio, 0.5)), bool(scalar(training, False)), len(node.output_values) > 1,
-                     torch.bool, ort_scaled_grad=has_ratio and reproduce_ort_gradients())
+    module = Dropout(
+        float(scalar(ratio, 0.5)),
+        bool(scalar(training, False)),
+        len(node.output_values) > 1,
+        torch.bool,
+        ort_scaled_grad=has_ratio and reproduce_ort_gradients(),
+    )
     return result(module, node, inputs)
 
 
@@ -55,9 +68,16 @@ def _legacy(mask_dtype):
     """Before opset 12 the graph has no training flag: ORT treats these as inference-only."""
 
     def convert(node: OnnxNode, graph: OnnxGraph):
-        module = Dropout(float(node.attributes.get("ratio", 0.5)), False, len(node.output_values) > 1, mask_dtype,
-                         ort_scaled_grad=False, legacy=True)
+        module = Dropout(
+            float(node.attributes.get("ratio", 0.5)),
+            False,
+            len(node.output_values) > 1,
+            mask_dtype,
+            ort_scaled_grad=False,
+            legacy=True,
+        )
         return result(module, node, node.input_values[:1])
+
     return convert
 
 

@@ -4,6 +4,7 @@ Legacy versions keep their own semantics: Max/Min/Sum/Mean-6 take equal-shape in
 broadcasting), Selu-1/6 and Clip-1/6 carry their parameters as attributes, Hardmax before 13
 coerces the input to 2-D at `axis` like Softmax did.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,28 +39,44 @@ def _thresholded_relu(x: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 _UNARY: Dict[str, Callable] = {
-    "Acosh": torch.acosh, "Asinh": torch.asinh, "Atanh": torch.atanh, "Cosh": torch.cosh, "Sinh": torch.sinh,
-    "Mish": F.mish, "BitwiseNot": torch.bitwise_not,
+    "Acosh": torch.acosh,
+    "Asinh": torch.asinh,
+    "Atanh": torch.atanh,
+    "Cosh": torch.cosh,
+    "Sinh": torch.sinh,
+    "Mish": F.mish,
+    "BitwiseNot": torch.bitwise_not,
 }
 _BINARY: Dict[str, Callable] = {
-    "BitwiseAnd": torch.bitwise_and, "BitwiseOr": torch.bitwise_or, "BitwiseXor": torch.bitwise_xor,
+    "BitwiseAnd": torch.bitwise_and,
+    "BitwiseOr": torch.bitwise_or,
+    "BitwiseXor": torch.bitwise_xor,
 }
 
 
 def _unary(op: str):
     def convert(node: OnnxNode, graph: OnnxGraph):
         return result(Elementwise(_UNARY[op]), node)
+
     return convert
 
 
 def _binary(op: str):
     def convert(node: OnnxNode, graph: OnnxGraph):
         return result(Elementwise(_BINARY[op]), node)
+
     return convert
 
 
-for _op, _version in (("Acosh", 9), ("Asinh", 9), ("Atanh", 9), ("Cosh", 9), ("Sinh", 9), ("Mish", 18),
-                      ("BitwiseNot", 18)):
+for _op, _version in (
+    ("Acosh", 9),
+    ("Asinh", 9),
+    ("Atanh", 9),
+    ("Cosh", 9),
+    ("Sinh", 9),
+    ("Mish", 18),
+    ("BitwiseNot", 18),
+):
     register(_op, _version)(_unary(_op))
 for _op in _BINARY:
     register(_op, 18)(_binary(_op))
@@ -85,12 +102,16 @@ def _bit_shift(node: OnnxNode, graph: OnnxGraph):
 @register("Shrink", 9)
 def _shrink_op(node: OnnxNode, graph: OnnxGraph):
     a = node.attributes
-    return result(Elementwise(functools.partial(_shrink, lambd=float(a.get("lambd", 0.5)), bias=float(a.get("bias", 0.0)))), node)
+    return result(
+        Elementwise(functools.partial(_shrink, lambd=float(a.get("lambd", 0.5)), bias=float(a.get("bias", 0.0)))), node
+    )
 
 
 @register("ThresholdedRelu", 10)
 def _thresholded(node: OnnxNode, graph: OnnxGraph):
-    return result(Elementwise(functools.partial(_thresholded_relu, alpha=float(node.attributes.get("alpha", 1.0)))), node)
+    return result(
+        Elementwise(functools.partial(_thresholded_relu, alpha=float(node.attributes.get("alpha", 1.0)))), node
+    )
 
 
 @register("Selu", 1, 6)
@@ -124,6 +145,7 @@ class Hardmax(OnnxModule):
 def _hardmax(coerce_2d: bool):
     def convert(node: OnnxNode, graph: OnnxGraph):
         return result(Hardmax(int(node.attributes.get("axis", 1 if coerce_2d else -1)), coerce_2d), node)
+
     return convert
 
 
@@ -142,6 +164,7 @@ def _variadic(op: str):
 
     def convert(node: OnnxNode, graph: OnnxGraph):
         return result(Elementwise(combine), node)
+
     return convert
 
 

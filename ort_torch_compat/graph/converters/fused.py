@@ -1,4 +1,5 @@
 """Converters for the nodes our own graph rewrites create (see ..fusion)."""
+
 from __future__ import annotations
 
 import torch

@@ -5,6 +5,7 @@ full passes over the activations (and their backward) to every dense layer; trai
 steps are dominated by dense layers, so this matters.  The common dense layer
 (transB=1, alpha=beta=1, 1-D bias) goes through `..kernels.linear`.
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,5 +37,7 @@ class Gemm(OnnxModule):
 @register("Gemm", 1, 6, 7, 9, 11, 13)
 def _gemm(node: OnnxNode, graph: OnnxGraph):
     a = node.attributes
-    module = Gemm(float(a.get("alpha", 1.0)), float(a.get("beta", 1.0)), bool(a.get("transA", 0)), bool(a.get("transB", 0)))
+    module = Gemm(
+        float(a.get("alpha", 1.0)), float(a.get("beta", 1.0)), bool(a.get("transA", 0)), bool(a.get("transB", 0))
+    )
     return result(module, node)

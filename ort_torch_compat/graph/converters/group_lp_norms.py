@@ -1,5 +1,6 @@
 """Normalizations over channel groups and given axes: GroupNormalization (18: scale and bias
 per group; 21: per channel), InstanceNormalization, MeanVarianceNormalization and LpNormalization."""
+
 from __future__ import annotations
 
 import torch
@@ -28,6 +29,7 @@ def _group_norm(per_group_affine: bool):
     def convert(node: OnnxNode, graph: OnnxGraph):
         a = node.attributes
         return result(GroupNorm(int(a["num_groups"]), float(a.get("epsilon", 1e-5)), per_group_affine), node)
+
     return convert
 
 
@@ -58,7 +60,11 @@ class LpNorm(OnnxModule):
         self.axis, self.p = axis, p
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        norm = x.abs().sum(dim=self.axis, keepdim=True) if self.p == 1 else x.pow(2).sum(dim=self.axis, keepdim=True).sqrt()
+        norm = (
+            x.abs().sum(dim=self.axis, keepdim=True)
+            if self.p == 1
+            else x.pow(2).sum(dim=self.axis, keepdim=True).sqrt()
+        )
         return x / norm
 
 

@@ -6,6 +6,7 @@ that, so indices are wrapped first.  Scatter reductions map to torch's scatter_r
 ONNX Runtime's gradient of a reducing scatter is that of the plain (replacing) scatter, which
 the "ort" gradients reproduce (see ..gradient_quirks).
 """
+
 from __future__ import annotations
 
 import math
@@ -54,7 +55,7 @@ class GatherND(OnnxModule):
         coords = [_wrap(flat_index[..., k], data.shape[b + k]) for k in range(depth)]
         batch = torch.arange(flat_data.shape[0], device=data.device).view(-1, 1).expand_as(coords[0])
         picked = flat_data[(batch, *coords)]
-        return picked.reshape(*indices.shape[:-1], *data.shape[b + depth:])
+        return picked.reshape(*indices.shape[:-1], *data.shape[b + depth :])
 
 
 @register("GatherND", 11, 12, 13)
@@ -106,7 +107,9 @@ class ScatterND(OnnxModule):
         replaced = target.scatter(0, index, values).reshape(data.shape)
         if self.reduction == "none":
             return replaced
-        reduced = target.scatter_reduce(0, index, values, _REDUCE[self.reduction], include_self=True).reshape(data.shape)
+        reduced = target.scatter_reduce(0, index, values, _REDUCE[self.reduction], include_self=True).reshape(
+            data.shape
+        )
         return ort_gradient(reduced, replaced) if self.ort_replace_gradient else reduced
 
 
@@ -265,4 +268,3 @@ class Size(OnnxModule):
 @register("Size", 1, 13, 19, 21)
 def _size(node: OnnxNode, graph: OnnxGraph):
     return result(Size(), node)
-

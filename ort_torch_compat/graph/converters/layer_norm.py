@@ -3,6 +3,7 @@ ai.onnx-1 and com.microsoft schemas), SimplifiedLayerNormalization (RMSNorm: ORT
 ai.onnx schema, written by its SimplifiedLayerNormFusion into T5 and Llama training and eval
 models) and ORT's fused SkipLayerNormalization / SkipSimplifiedLayerNormalization
 (com.microsoft; inference graphs optimized by ORT)."""
+
 from __future__ import annotations
 
 import torch
@@ -71,8 +72,14 @@ class SkipLayerNorm(OnnxModule):
         super().__init__()
         self.epsilon, self.simplified, self.outputs = epsilon, simplified, outputs
 
-    def forward(self, x: torch.Tensor, skip: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor = None,
-                bias: torch.Tensor = None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        skip: torch.Tensor,
+        gamma: torch.Tensor,
+        beta: torch.Tensor = None,
+        bias: torch.Tensor = None,
+    ):
         if self.simplified:  # inputs: x, skip, gamma, bias (ignored, as ORT)
             beta, bias = None, None
         summed = x + skip if bias is None else x + skip + bias
@@ -95,6 +102,7 @@ def _skip_layer_norm(simplified: bool):
     def convert(node: OnnxNode, graph: OnnxGraph):
         module = SkipLayerNorm(float(node.attributes.get("epsilon", 1e-12)), simplified, len(node.output_values))
         return result(module, node)
+
     return convert
 
 

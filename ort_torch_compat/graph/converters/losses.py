@@ -11,6 +11,7 @@ used.  A label outside [0, C) that is not ignored reads out of bounds in ORT's k
 it raises an IndexError saying so, which the engine turns into an InvalidInputError naming
 the label input (engine/step_failure.py).
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,11 +26,23 @@ _NO_LABEL = -(2**63)
 
 
 class NllLoss(OnnxModule):
-    def __init__(self, op_type: str, reduction: str, ignore_index, with_softmax: bool, log_prob_out: bool,
-                 compute_dtype: torch.dtype = None):
+    def __init__(
+        self,
+        op_type: str,
+        reduction: str,
+        ignore_index,
+        with_softmax: bool,
+        log_prob_out: bool,
+        compute_dtype: torch.dtype = None,
+    ):
         super().__init__()
         self.compute_dtype = compute_dtype  # SoftmaxCrossEntropyLossInternal's output_type
-        self.op_type, self.reduction, self.with_softmax, self.log_prob_out = op_type, reduction, with_softmax, log_prob_out
+        self.op_type, self.reduction, self.with_softmax, self.log_prob_out = (
+            op_type,
+            reduction,
+            with_softmax,
+            log_prob_out,
+        )
         if ignore_index is None:
             ignore_index = -1 if with_softmax else _NO_LABEL
         self.ignore_index = int(ignore_index)
@@ -69,9 +82,11 @@ class NllLoss(OnnxModule):
 def _loss(op_type: str, with_softmax: bool):
     def convert(node: OnnxNode, graph: OnnxGraph):
         a = node.attributes
-        module = NllLoss(op_type, a.get("reduction", "mean"), a.get("ignore_index"), with_softmax,
-                         len(node.output_values) > 1)
+        module = NllLoss(
+            op_type, a.get("reduction", "mean"), a.get("ignore_index"), with_softmax, len(node.output_values) > 1
+        )
         return result(module, node)
+
     return convert
 
 
@@ -86,6 +101,7 @@ def _internal_loss(op_type: str, with_softmax: bool):
     float Cast of the scores into it with ``output_type`` = FLOAT: ORT computes and returns
     both outputs (loss, log_prob) in ``output_type``.  NegativeLogLikelihoodLossInternal is the
     loss ORT's exporter writes for torch's nll_loss / cross_entropy."""
+
     def convert(node: OnnxNode, graph: OnnxGraph):
         ignore_index = constant_or_none(node, graph, 3)
         if len(node.input_values) > 3 and node.input_values[3] and ignore_index is None:
@@ -94,14 +110,24 @@ def _internal_loss(op_type: str, with_softmax: bool):
         output_type = node.attributes.get("output_type")
         if output_type is not None:
             from .casting import torch_dtype
+
             output_type = torch_dtype(int(output_type))
-        module = NllLoss(op_type, node.attributes.get("reduction", "mean"), ignore_index, with_softmax,
-                         len(node.output_values) > 1, output_type)
+        module = NllLoss(
+            op_type,
+            node.attributes.get("reduction", "mean"),
+            ignore_index,
+            with_softmax,
+            len(node.output_values) > 1,
+            output_type,
+        )
         return result(module, node, node.input_values[:3])
+
     return convert
 
 
 register("SoftmaxCrossEntropyLossInternal", 1, domain="com.microsoft")(
-    _internal_loss("SoftmaxCrossEntropyLossInternal", True))
+    _internal_loss("SoftmaxCrossEntropyLossInternal", True)
+)
 register("NegativeLogLikelihoodLossInternal", 1, domain="com.microsoft")(
-    _internal_loss("NegativeLogLikelihoodLossInternal", False))
+    _internal_loss("NegativeLogLikelihoodLossInternal", False)
+)

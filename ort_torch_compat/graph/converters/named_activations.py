@@ -2,6 +2,7 @@
 attribute and ORT's fused Conv/Gemm `activation` (MLAS activation kinds).  One table, so
 both read a name the same way: case-insensitive, with ONNX's defaults for alpha and beta
 (Clip: alpha is the lower bound, beta the upper)."""
+
 from __future__ import annotations
 
 from typing import Callable, Optional

@@ -5,6 +5,7 @@ from 19.  Any axis can be padded in any mode, and negative pads crop.
 Each padded axis is built with index_select (reflect, edge, wrap) or concatenation (constant),
 which torch differentiates; torch's F.pad covers only trailing axes for its non-constant modes.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -49,8 +50,9 @@ class Pad(OnnxModule):
         super().__init__()
         self.mode, self.pads, self.value, self.axes = mode, pads, value, axes
 
-    def forward(self, x: torch.Tensor, pads: torch.Tensor = None, constant_value: torch.Tensor = None,
-                axes: torch.Tensor = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, pads: torch.Tensor = None, constant_value: torch.Tensor = None, axes: torch.Tensor = None
+    ) -> torch.Tensor:
         pads = list(self.pads) if pads is None else pads.tolist()
         axes = self.axes if axes is None else axes.tolist()
         axes = list(range(x.dim())) if axes is None else [a % x.dim() for a in axes]

@@ -8,6 +8,7 @@ ones-kernel depthwise convolution and divided by the count of the elements ONNX 
 real elements only (count_include_pad=0), or the kernel size (=1: ONNX Runtime divides by it
 even in the extra windows ceil_mode adds, measured).
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,15 @@ _AVG = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
 
-def pool_geometry(in_sizes: Sequence[int], kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int],
-                  pads: Sequence[int], auto_pad: str, ceil_mode: bool):
+def pool_geometry(
+    in_sizes: Sequence[int],
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    dilations: Sequence[int],
+    pads: Sequence[int],
+    auto_pad: str,
+    ceil_mode: bool,
+):
     """(pads [begins..., ends...], output sizes) by the ONNX formulas."""
     rank = len(in_sizes)
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
@@ -57,8 +65,20 @@ def _window_sums(x: torch.Tensor, kernel, strides, dilations) -> torch.Tensor:
 
 
 class Pool(OnnxModule):
-    def __init__(self, kind: str, kernel, strides, pads, dilations, ceil_mode, auto_pad, count_include_pad,
-                 storage_order: int = 0, with_indices: bool = False, p: float = 2.0):
+    def __init__(
+        self,
+        kind: str,
+        kernel,
+        strides,
+        pads,
+        dilations,
+        ceil_mode,
+        auto_pad,
+        count_include_pad,
+        storage_order: int = 0,
+        with_indices: bool = False,
+        p: float = 2.0,
+    ):
         super().__init__()
         self.ort_gradient_geometry = kind == "avg" and reproduce_ort_gradients()
         self.kind, self.kernel, self.strides, self.pads = kind, list(kernel), strides, pads
@@ -70,17 +90,27 @@ class Pool(OnnxModule):
         rank = x.dim() - 2
         strides = list(self.strides or [1] * rank)
         dilations = list(self.dilations or [1] * rank)
-        pads, outs = pool_geometry(list(x.shape[2:]), self.kernel, strides, dilations, self.pads, self.auto_pad,
-                                   self.ceil_mode)
+        pads, outs = pool_geometry(
+            list(x.shape[2:]), self.kernel, strides, dilations, self.pads, self.auto_pad, self.ceil_mode
+        )
         if self.kind == "max":
             return self._max(x, pads, outs, strides, dilations)
         if self.kind == "lp":
-            return self._average_or_sum(x.abs().pow(self.p), pads, outs, strides, dilations, total=True).pow(1.0 / self.p)
+            return self._average_or_sum(x.abs().pow(self.p), pads, outs, strides, dilations, total=True).pow(
+                1.0 / self.p
+            )
         y = self._average_or_sum(x, pads, outs, strides, dilations, total=False)
         if self.ort_gradient_geometry and (self.auto_pad == "SAME_LOWER" or any(d != 1 for d in dilations)):
             # ORT's AveragePoolGrad: SAME_UPPER padding, no dilation (..gradient_quirks)
-            upper, _ = pool_geometry(list(x.shape[2:]), self.kernel, strides, [1] * rank, self.pads,
-                                     "SAME_UPPER" if self.auto_pad == "SAME_LOWER" else self.auto_pad, self.ceil_mode)
+            upper, _ = pool_geometry(
+                list(x.shape[2:]),
+                self.kernel,
+                strides,
+                [1] * rank,
+                self.pads,
+                "SAME_UPPER" if self.auto_pad == "SAME_LOWER" else self.auto_pad,
+                self.ceil_mode,
+            )
             surrogate = self._average_or_sum(x, upper, outs, strides, [1] * rank, total=False)
             index = (Ellipsis,) + tuple(slice(0, o) for o in outs)
             y = ort_gradient(y, surrogate[index])
@@ -89,8 +119,10 @@ class Pool(OnnxModule):
     def _max(self, x, pads, outs, strides, dilations):
         rank = x.dim() - 2
         begins, ends = pads[:rank], pads[rank:]
-        extra = [max(0, (o - 1) * s + (k - 1) * d + 1 - (size + b + e))
-                 for o, s, k, d, size, b, e in zip(outs, strides, self.kernel, dilations, x.shape[2:], begins, ends)]
+        extra = [
+            max(0, (o - 1) * s + (k - 1) * d + 1 - (size + b + e))
+            for o, s, k, d, size, b, e in zip(outs, strides, self.kernel, dilations, x.shape[2:], begins, ends)
+        ]
         symmetric = begins == ends and all(2 * b <= k for b, k in zip(begins, self.kernel))
         if symmetric and not any(extra):  # torch pads itself; its indices count input positions
             y, indices = _MAX[rank](x, self.kernel, strides, begins, dilations, False, True)
@@ -126,12 +158,18 @@ class Pool(OnnxModule):
     def _average_or_sum(self, x, pads, outs, strides, dilations, total: bool):
         rank = x.dim() - 2
         begins, ends = pads[:rank], pads[rank:]
-        plain = (begins == ends and all(d == 1 for d in dilations) and not self.ceil_mode
-                 and all(2 * b <= k for b, k in zip(begins, self.kernel)))
+        plain = (
+            begins == ends
+            and all(d == 1 for d in dilations)
+            and not self.ceil_mode
+            and all(2 * b <= k for b, k in zip(begins, self.kernel))
+        )
         if plain and not total:
             return _AVG[rank](x, self.kernel, strides, begins, False, self.count_include_pad)
-        extra = [max(0, (o - 1) * s + (k - 1) * d + 1 - (size + b + e))
-                 for o, s, k, d, size, b, e in zip(outs, strides, self.kernel, dilations, x.shape[2:], begins, ends)]
+        extra = [
+            max(0, (o - 1) * s + (k - 1) * d + 1 - (size + b + e))
+            for o, s, k, d, size, b, e in zip(outs, strides, self.kernel, dilations, x.shape[2:], begins, ends)
+        ]
         order = torch_pad_order(list(begins) + [e + x_ for e, x_ in zip(ends, extra)])
         sums = _window_sums(F.pad(x, order), self.kernel, strides, dilations)
         if total:
@@ -149,10 +187,21 @@ def _pool(kind):
         if with_indices and kind != "max":
             raise NotImplementedError(f"{node.operation_type} with a second output")
         p = float(a.get("p", 2))
-        module = Pool(kind, a["kernel_shape"], a.get("strides"), a.get("pads"), a.get("dilations"),
-                      a.get("ceil_mode", 0), a.get("auto_pad", "NOTSET"), a.get("count_include_pad", 0),
-                      a.get("storage_order", 0), with_indices, p)
+        module = Pool(
+            kind,
+            a["kernel_shape"],
+            a.get("strides"),
+            a.get("pads"),
+            a.get("dilations"),
+            a.get("ceil_mode", 0),
+            a.get("auto_pad", "NOTSET"),
+            a.get("count_include_pad", 0),
+            a.get("storage_order", 0),
+            with_indices,
+            p,
+        )
         return result(module, node)
+
     return convert
 
 

@@ -3,6 +3,7 @@ training: straight-through gradient inside the quantization range).
 
 Rounding is half-to-even (torch.round), as ONNX specifies; integer products are computed in
 float64, exact for int8/uint8 operands, then cast to int32."""
+
 from __future__ import annotations
 
 import torch
@@ -12,8 +13,13 @@ from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 from .casting import torch_dtype
 from .convolution import Conv
 
-_LIMITS = {torch.uint8: (0, 255), torch.int8: (-128, 127), torch.uint16: (0, 65535), torch.int16: (-32768, 32767),
-           torch.int32: (-2**31, 2**31 - 1)}
+_LIMITS = {
+    torch.uint8: (0, 255),
+    torch.int8: (-128, 127),
+    torch.uint16: (0, 65535),
+    torch.int16: (-32768, 32767),
+    torch.int32: (-(2**31), 2**31 - 1),
+}
 
 
 def _per_axis(value: torch.Tensor, like: torch.Tensor, axis: int, block: int = 0) -> torch.Tensor:
@@ -119,8 +125,14 @@ class ConvInteger(OnnxModule):
 
 def _conv_attributes(node: OnnxNode) -> Conv:
     a = node.attributes
-    return Conv(a.get("strides"), a.get("dilations"), a.get("group", 1), a.get("pads"), a.get("auto_pad", "NOTSET"),
-                a.get("kernel_shape"))
+    return Conv(
+        a.get("strides"),
+        a.get("dilations"),
+        a.get("group", 1),
+        a.get("pads"),
+        a.get("auto_pad", "NOTSET"),
+        a.get("kernel_shape"),
+    )
 
 
 @register("ConvInteger", 10)
@@ -151,7 +163,9 @@ class QLinearConv(OnnxModule):
         accumulated = self.conv(_centered(x, x_zp), _centered(w, w_zp))
         if bias is not None:
             accumulated = accumulated + bias.double().reshape(1, -1, *[1] * (accumulated.dim() - 2))
-        w_scale = w_scale.double().reshape(1, -1, *[1] * (accumulated.dim() - 2)) if w_scale.numel() > 1 else w_scale.double()
+        w_scale = (
+            w_scale.double().reshape(1, -1, *[1] * (accumulated.dim() - 2)) if w_scale.numel() > 1 else w_scale.double()
+        )
         real = accumulated * x_scale.double() * w_scale
         low, high = _LIMITS[y_zp.dtype]
         return (torch.round(real / y_scale.double()) + y_zp.double()).clamp(low, high).to(y_zp.dtype)

@@ -12,6 +12,7 @@ runs ~12 autograd ops per time step).  Same equations, float32 rounding apart (m
 outputs and gradients within 2e-6 relative of the loop); 2.1x faster (LSTM, 8 steps,
 hidden 32) to 2.4x (bidirectional) per forward+backward at on-device sizes.  A trace for the
 compiler (graph/specialize.py) keeps the loop, which Inductor fuses."""
+
 from __future__ import annotations
 
 from typing import Callable, List, Optional, Sequence
@@ -31,15 +32,28 @@ _NATIVE_ACTIVATIONS = {"LSTM": (torch.sigmoid, torch.tanh, torch.tanh), "GRU": (
 
 
 class Recurrent(OnnxModule):
-    def __init__(self, cell: str, hidden: int, direction: str, layout: int, linear_before_reset: int, outputs: int,
-                 activations: Sequence[Callable], clip: Optional[float], input_forget: bool):
+    def __init__(
+        self,
+        cell: str,
+        hidden: int,
+        direction: str,
+        layout: int,
+        linear_before_reset: int,
+        outputs: int,
+        activations: Sequence[Callable],
+        clip: Optional[float],
+        input_forget: bool,
+    ):
         super().__init__()
         self.cell, self.hidden, self.direction, self.layout = cell, hidden, direction, layout
         self.linear_before_reset, self.outputs = linear_before_reset, outputs
         self.activations, self.clip, self.input_forget = list(activations), clip, input_forget
         directions = 2 if direction == "bidirectional" else 1
         self.native = (
-            cell in _TORCH_GATE_ORDER and direction != "reverse" and clip is None and not input_forget
+            cell in _TORCH_GATE_ORDER
+            and direction != "reverse"
+            and clip is None
+            and not input_forget
             and (cell == "LSTM" or linear_before_reset)
             and len(self.activations) == len(_NATIVE_ACTIVATIONS[cell]) * directions
             and all(a is e for a, e in zip(self.activations, _NATIVE_ACTIVATIONS[cell] * directions))
@@ -50,9 +64,16 @@ class Recurrent(OnnxModule):
             x = x.transpose(0, 1)
             initial_h = None if initial_h is None else initial_h.transpose(0, 1)
             initial_c = None if initial_c is None else initial_c.transpose(0, 1)
-        if (self.native and sequence_lens is None and p is None and x.device.type == "cpu"
-                and x.dtype in (torch.float32, torch.float64) and w.dtype == x.dtype and r.dtype == x.dtype
-                and not plain_aten_active()):
+        if (
+            self.native
+            and sequence_lens is None
+            and p is None
+            and x.device.type == "cpu"
+            and x.dtype in (torch.float32, torch.float64)
+            and w.dtype == x.dtype
+            and r.dtype == x.dtype
+            and not plain_aten_active()
+        ):
             return self._native(x, w, r, b, initial_h, initial_c)
         seq, batch = x.shape[0], x.shape[1]
         gates = _GATES[self.cell]
@@ -65,9 +86,9 @@ class Recurrent(OnnxModule):
         ys, hs, cs = [], [], []
         for d in range(w.shape[0]):
             reverse = self.direction == "reverse" or (self.direction == "bidirectional" and d == 1)
-            acts = self.activations[d * per_direction:(d + 1) * per_direction]
+            acts = self.activations[d * per_direction : (d + 1) * per_direction]
             wb = b[d, : gates * self.hidden] if b is not None else None
-            rb = b[d, gates * self.hidden:] if b is not None else None
+            rb = b[d, gates * self.hidden :] if b is not None else None
             h = initial_h[d] if initial_h is not None else x.new_zeros(batch, self.hidden)
             c = initial_c[d] if initial_c is not None else x.new_zeros(batch, self.hidden)
             peep = p[d] if p is not None else None
@@ -122,13 +143,14 @@ class Recurrent(OnnxModule):
         for d in range(directions):
             flat += [torch_layout(w[d]), torch_layout(r[d])]
             if b is not None:
-                flat += [torch_layout(b[d, : gates * hidden]), torch_layout(b[d, gates * hidden:])]
+                flat += [torch_layout(b[d, : gates * hidden]), torch_layout(b[d, gates * hidden :])]
         h0 = initial_h if initial_h is not None else x.new_zeros(directions, batch, hidden)
         bidirectional = directions == 2
         if self.cell == "LSTM":
             c0 = initial_c if initial_c is not None else x.new_zeros(directions, batch, hidden)
-            y, y_h, y_c = torch._VF.lstm(x, (h0, c0), flat, b is not None, 1, 0.0, torch.is_grad_enabled(), bidirectional,
-                                         False)
+            y, y_h, y_c = torch._VF.lstm(
+                x, (h0, c0), flat, b is not None, 1, 0.0, torch.is_grad_enabled(), bidirectional, False
+            )
         else:
             y, y_h = torch._VF.gru(x, h0, flat, b is not None, 1, 0.0, torch.is_grad_enabled(), bidirectional, False)
             y_c = None
@@ -195,14 +217,25 @@ def _recurrent(cell: str):
         directions = 2 if direction == "bidirectional" else 1
         names = a.get("activations") or _DEFAULT_ACTIVATIONS[cell] * directions
         alphas, betas = list(a.get("activation_alpha", [])), list(a.get("activation_beta", []))
-        acts = [named_activation(n, alphas[i] if i < len(alphas) else None, betas[i] if i < len(betas) else None)
-                for i, n in enumerate(names)]
+        acts = [
+            named_activation(n, alphas[i] if i < len(alphas) else None, betas[i] if i < len(betas) else None)
+            for i, n in enumerate(names)
+        ]
         if len(acts) == len(_DEFAULT_ACTIVATIONS[cell]) and directions == 2:
             acts = acts * 2
-        module = Recurrent(cell, int(a["hidden_size"]), direction, int(a.get("layout", 0)),
-                           int(a.get("linear_before_reset", 0)), len(node.output_values), acts, a.get("clip"),
-                           bool(a.get("input_forget", 0)))
+        module = Recurrent(
+            cell,
+            int(a["hidden_size"]),
+            direction,
+            int(a.get("layout", 0)),
+            int(a.get("linear_before_reset", 0)),
+            len(node.output_values),
+            acts,
+            a.get("clip"),
+            bool(a.get("input_forget", 0)),
+        )
         return result(module, node)
+
     return convert
 
 

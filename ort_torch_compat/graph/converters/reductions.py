@@ -2,6 +2,7 @@
 and from an optional input after, with `noop_with_empty_axes` deciding what "no axes"
 means.  onnx2torch lacks the opset-18 forms, which breaks every MSE/L1/BCE loss there.
 ArgMax/ArgMin at every version (onnx2torch starts at 11)."""
+
 from __future__ import annotations
 
 import torch
@@ -60,6 +61,7 @@ def _reduce(op: str, axes_as_input: bool):
         if axes is not None or len(node.input_values) < 2 or not node.input_values[1]:
             return result(Reduce(op, axes, keep, noop), node, node.input_values[:1])
         return result(Reduce(op, None, keep, noop), node)
+
     return convert
 
 
@@ -93,8 +95,11 @@ class ArgExtreme(OnnxModule):
 def _arg(largest: bool):
     def convert(node: OnnxNode, graph: OnnxGraph):
         a = node.attributes
-        module = ArgExtreme(largest, int(a.get("axis", 0)), bool(a.get("keepdims", 1)), bool(a.get("select_last_index", 0)))
+        module = ArgExtreme(
+            largest, int(a.get("axis", 0)), bool(a.get("keepdims", 1)), bool(a.get("select_last_index", 0))
+        )
         return result(module, node)
+
     return convert
 
 
@@ -148,6 +153,7 @@ class IsAllFinite(OnnxModule):
 @register("ReduceAllL2", 1, domain="com.microsoft")
 def _reduce_all_l2(node: OnnxNode, graph: OnnxGraph):
     from .casting import torch_dtype
+
     declared = _declared_elem_type(graph, node.output_values[0])
     return result(ReduceAllL2(torch_dtype(declared) if declared else torch.float32), node)
 

@@ -6,6 +6,7 @@ four taps with coefficient `cubic_coeff_a`; antialias: ONNX Runtime's Pillow-sty
 torch differentiates it.  Resize-10 and Upsample use the asymmetric transform with
 floor-nearest, as ONNX Runtime does for them.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,17 +62,30 @@ def _cubic(t: torch.Tensor, a: float) -> torch.Tensor:
 
 
 class Resize(OnnxModule):
-    def __init__(self, mode: str, transform: str, nearest_mode: str, cubic_a: float, exclude_outside: bool,
-                 extrapolation: float, antialias: bool, axes: Optional[Sequence[int]], aspect_policy: str,
-                 scales: Optional[Sequence[float]], sizes: Optional[Sequence[int]], roi: Optional[Sequence[float]]):
+    def __init__(
+        self,
+        mode: str,
+        transform: str,
+        nearest_mode: str,
+        cubic_a: float,
+        exclude_outside: bool,
+        extrapolation: float,
+        antialias: bool,
+        axes: Optional[Sequence[int]],
+        aspect_policy: str,
+        scales: Optional[Sequence[float]],
+        sizes: Optional[Sequence[int]],
+        roi: Optional[Sequence[float]],
+    ):
         super().__init__()
         self.mode, self.transform, self.nearest_mode = mode, transform, nearest_mode
         self.cubic_a, self.exclude_outside, self.extrapolation = cubic_a, exclude_outside, extrapolation
         self.antialias, self.axes, self.aspect_policy = antialias, axes, aspect_policy
         self.scales, self.sizes, self.roi = scales, sizes, roi
 
-    def forward(self, x: torch.Tensor, roi: torch.Tensor = None, scales: torch.Tensor = None,
-                sizes: torch.Tensor = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, roi: torch.Tensor = None, scales: torch.Tensor = None, sizes: torch.Tensor = None
+    ) -> torch.Tensor:
         rank = x.dim()
         axes = [a % rank for a in self.axes] if self.axes else list(range(rank))
         scales = self.scales if scales is None else scales.tolist()
@@ -95,7 +109,9 @@ class Resize(OnnxModule):
                 continue
             axis_roi = None
             if roi:
-                axis_roi = (roi[index], roi[index + len(axes)]) if len(roi) == 2 * len(axes) else (roi[axis], roi[axis + rank])
+                axis_roi = (
+                    (roi[index], roi[index + len(axes)]) if len(roi) == 2 * len(axes) else (roi[axis], roi[axis + rank])
+                )
             matrix, outside = self._matrix(in_len, out_len, scale, axis_roi, x)
             x = torch.tensordot(x, matrix, dims=([axis], [1])).movedim(-1, axis)
             if outside is not None:
@@ -144,7 +160,9 @@ class Resize(OnnxModule):
             low = clamped.floor()
             frac = clamped - low
             high = (low + 1).clamp(max=in_len - 1)
-            weights = (columns[None, :] == low[:, None]) * (1 - frac)[:, None] + (columns[None, :] == high[:, None]) * frac[:, None]
+            weights = (columns[None, :] == low[:, None]) * (1 - frac)[:, None] + (
+                columns[None, :] == high[:, None]
+            ) * frac[:, None]
         elif self.mode == "cubic":
             base = position.floor()
             weights = torch.zeros(out_len, in_len, dtype=torch.float64)
@@ -170,18 +188,39 @@ def _resize(legacy: bool):
             if scales is None and "height_scale" in a:
                 scales = [1.0, 1.0, a["height_scale"], a["width_scale"]]
             fed = len(node.input_values) > 1 and scales is None
-            module = Resize(a.get("mode", "nearest"), "asymmetric", "floor", -0.75, False, 0.0, False, None,
-                            "stretch", scales, None, None)
+            module = Resize(
+                a.get("mode", "nearest"),
+                "asymmetric",
+                "floor",
+                -0.75,
+                False,
+                0.0,
+                False,
+                None,
+                "stretch",
+                scales,
+                None,
+                None,
+            )
             inputs = [node.input_values[0], "", node.input_values[1]] if fed else node.input_values[:1]
             return result(module, node, inputs)
         (roi, scales, sizes), inputs = constants_or_fed(node, graph, (1, 2, 3))
         module = Resize(
-            a.get("mode", "nearest"), a.get("coordinate_transformation_mode", "half_pixel"),
-            a.get("nearest_mode", "round_prefer_floor"), float(a.get("cubic_coeff_a", -0.75)),
-            bool(a.get("exclude_outside", 0)), float(a.get("extrapolation_value", 0.0)), bool(a.get("antialias", 0)),
-            a.get("axes"), a.get("keep_aspect_ratio_policy", "stretch"), scales or None, sizes or None, roi or None,
+            a.get("mode", "nearest"),
+            a.get("coordinate_transformation_mode", "half_pixel"),
+            a.get("nearest_mode", "round_prefer_floor"),
+            float(a.get("cubic_coeff_a", -0.75)),
+            bool(a.get("exclude_outside", 0)),
+            float(a.get("extrapolation_value", 0.0)),
+            bool(a.get("antialias", 0)),
+            a.get("axes"),
+            a.get("keep_aspect_ratio_policy", "stretch"),
+            scales or None,
+            sizes or None,
+            roi or None,
         )
         return result(module, node, inputs)
+
     return convert
 
 

@@ -1,5 +1,6 @@
 """Random generators: torch's RNG draws from the same distributions as ONNX Runtime's, not
 the same numbers (ort_torch_compat.set_seed makes them reproducible)."""
+
 from __future__ import annotations
 
 import torch
@@ -32,6 +33,7 @@ def _random(kind: str, like: bool):
         else:
             first, second = float(a.get("low", 0.0)), float(a.get("high", 1.0))
         return result(RandomTensor(kind, None if like else a["shape"], dtype, first, second), node)
+
     return convert
 
 

@@ -4,6 +4,7 @@ A sequence is a Python list of tensors flowing between the fx nodes; an optional
 or None.  Torch differentiates through the lists, so a graph that trains through them works
 here too.
 """
+
 from __future__ import annotations
 
 from typing import List, Optional
@@ -40,7 +41,7 @@ class SequenceAt(OnnxModule):
 class SequenceErase(OnnxModule):
     def forward(self, sequence: List[torch.Tensor], position: torch.Tensor = None) -> List[torch.Tensor]:
         index = _position(position, len(sequence), len(sequence) - 1)
-        return sequence[:index] + sequence[index + 1:]
+        return sequence[:index] + sequence[index + 1 :]
 
 
 class SequenceInsert(OnnxModule):
@@ -99,6 +100,7 @@ class OptionalGetElement(OnnxModule):
 def _simple(module_type):
     def convert(node: OnnxNode, graph: OnnxGraph):
         return result(module_type(), node)
+
     return convert
 
 

@@ -6,6 +6,7 @@ slice is empty (``Shape(x, start=rank)``, as the dynamo exporter writes for
 into floats (GPT-J, dynamo opset 18: "reshape(): argument 'shape' ... must be tuple of ints,
 but found element of type float"), found by scripts/architecture_sweep.py.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -23,7 +24,7 @@ class _Shape(OnnxModule):
         self.end = end
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tensor(x.shape[self.start:self.end], dtype=torch.int64, device=x.device)
+        return torch.tensor(x.shape[self.start : self.end], dtype=torch.int64, device=x.device)
 
 
 @register("Shape", 1, 13, 15)

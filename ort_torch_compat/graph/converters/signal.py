@@ -1,4 +1,5 @@
 """Signal processing: window functions, DFT, STFT and MelWeightMatrix (opset 17+)."""
+
 from __future__ import annotations
 
 import math
@@ -35,6 +36,7 @@ def _window(kind: str):
     def convert(node: OnnxNode, graph: OnnxGraph):
         a = node.attributes
         return result(Window(kind, bool(a.get("periodic", 1)), torch_dtype(int(a.get("output_datatype", 1)))), node)
+
     return convert
 
 
@@ -64,7 +66,11 @@ class DFT(OnnxModule):
         signal_axis = signal_axis % x.dim()
         z = _complex(x)
         length = None if dft_length is None else int(dft_length.reshape(-1)[0])
-        out = torch.fft.ifft(z, n=length, dim=signal_axis) if self.inverse else torch.fft.fft(z, n=length, dim=signal_axis)
+        out = (
+            torch.fft.ifft(z, n=length, dim=signal_axis)
+            if self.inverse
+            else torch.fft.fft(z, n=length, dim=signal_axis)
+        )
         if self.onesided:
             out = out.narrow(signal_axis, 0, out.shape[signal_axis] // 2 + 1)
         return _pairs(out).to(x.dtype)
@@ -87,8 +93,13 @@ class STFT(OnnxModule):
         super().__init__()
         self.onesided = onesided
 
-    def forward(self, signal: torch.Tensor, frame_step: torch.Tensor, window: torch.Tensor = None,
-                frame_length: torch.Tensor = None) -> torch.Tensor:
+    def forward(
+        self,
+        signal: torch.Tensor,
+        frame_step: torch.Tensor,
+        window: torch.Tensor = None,
+        frame_length: torch.Tensor = None,
+    ) -> torch.Tensor:
         step = int(frame_step.reshape(-1)[0])
         length = int(frame_length.reshape(-1)[0]) if frame_length is not None else window.shape[0]
         z = _complex(signal)  # [batch, samples]

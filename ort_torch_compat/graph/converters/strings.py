@@ -1,6 +1,7 @@
 """String ops (eval and inference graphs).  Strings are numpy arrays here: torch has no
 string tensors, so these ops run on the host and cannot be part of a training graph (the
 Module refuses them there, naming them; see graph.builder)."""
+
 from __future__ import annotations
 
 import re
@@ -37,7 +38,9 @@ def _string_normalizer(node: OnnxNode, graph: OnnxGraph):
     a = node.attributes
     stopwords = a.get("stopwords", [])
     stopwords = stopwords if isinstance(stopwords, list) else []
-    return result(StringNormalizer(a.get("case_change_action", "NONE"), bool(a.get("is_case_sensitive", 0)), stopwords), node)
+    return result(
+        StringNormalizer(a.get("case_change_action", "NONE"), bool(a.get("is_case_sensitive", 0)), stopwords), node
+    )
 
 
 class RegexFullMatch(OnnxModule):
@@ -103,7 +106,7 @@ class TfIdfVectorizer(OnnxModule):
         ngram_id = 0
         for n, (start, end) in enumerate(zip(counts, counts[1:]), 1):
             for offset in range(start, end, n):
-                self.columns[(n, tuple(pool[offset:offset + n]))] = a["ngram_indexes"][ngram_id]
+                self.columns[(n, tuple(pool[offset : offset + n]))] = a["ngram_indexes"][ngram_id]
                 ngram_id += 1
         self.size = max(a["ngram_indexes"]) + 1
         self.weights = list(a.get("weights", []) or [1.0] * self.size)
@@ -119,7 +122,7 @@ class TfIdfVectorizer(OnnxModule):
                 for skip in range(1 if n == 1 else self.max_skip + 1):  # a unigram has no gaps to skip
                     step = skip + 1
                     for start in range(len(row) - (n - 1) * step):
-                        column = self.columns.get((n, tuple(row[start:start + (n - 1) * step + 1:step])))
+                        column = self.columns.get((n, tuple(row[start : start + (n - 1) * step + 1 : step])))
                         if column is not None:
                             counts[r, column] += 1
         if self.mode == "IDF":

@@ -1,4 +1,5 @@
 """Shape/tensor ops onnx2torch lacks at newer opsets, and ORT's training-graph variants."""
+
 from __future__ import annotations
 
 import torch

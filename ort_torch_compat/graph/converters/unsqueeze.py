@@ -4,6 +4,7 @@ onnx2torch's converter calls ``.tolist()`` on the constant axes, which fails whe
 from ``Constant(value_ints=[...])`` (a Python list), as the dynamo exporter writes them
 (GPT-J, BART in scripts/architecture_sweep.py: "'list' object has no attribute 'tolist'").
 """
+
 from __future__ import annotations
 
 from typing import List, Optional

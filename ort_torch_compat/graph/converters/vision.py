@@ -1,4 +1,5 @@
 """Spatial sampling ops: MaxUnpool, MaxRoiPool, AffineGrid, GridSample."""
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,10 @@ class MaxUnpool(OnnxModule):
         else:
             strides = self.strides or [1] * rank
             pads = self.pads or [0] * (2 * rank)
-            spatial = [(size - 1) * s + k - pads[i] - pads[i + rank]
-                       for i, (size, s, k) in enumerate(zip(x.shape[2:], strides, self.kernel))]
+            spatial = [
+                (size - 1) * s + k - pads[i] - pads[i + rank]
+                for i, (size, s, k) in enumerate(zip(x.shape[2:], strides, self.kernel))
+            ]
             shape = list(x.shape[:2]) + spatial
         out = x.new_zeros(math.prod(shape))
         return out.scatter(0, indices.reshape(-1).long(), x.reshape(-1)).reshape(shape)
@@ -84,7 +87,13 @@ def _affine_grid(node: OnnxNode, graph: OnnxGraph):
     return result(AffineGrid(bool(node.attributes.get("align_corners", 0))), node)
 
 
-_GRID_MODES = {"bilinear": "bilinear", "linear": "bilinear", "nearest": "nearest", "bicubic": "bicubic", "cubic": "bicubic"}
+_GRID_MODES = {
+    "bilinear": "bilinear",
+    "linear": "bilinear",
+    "nearest": "nearest",
+    "bicubic": "bicubic",
+    "cubic": "bicubic",
+}
 
 
 class GridSample(OnnxModule):
