@@ -33,6 +33,10 @@ Usage::
     python scripts/architecture_sweep.py --all --out results.json     # everything (~1 h on 2 cores)
     python scripts/architecture_sweep.py --archs hf_bert,tv_resnet18 --exporters ts17,dyn18 --out r.json
     python scripts/architecture_sweep.py --table results.json      # counts and the per-case table (markdown)
+    # rerun only the cases of one class of a results file, merged into --out (may be the same file);
+    # --follow-dyn17: then dyn17 for every rerun dyn18 case that now trains and has no dyn17 record
+    python scripts/architecture_sweep.py --cases-from docs/architecture-sweep.json \
+        --class REFUSED-BY-OUR-GENERATOR --follow-dyn17 --out docs/architecture-sweep.json
 
 Cases run one after the other in a subprocess, with one thread (a crash or a hang in one runtime
 is recorded, not fatal: the rest go on in a new process); ``--out`` is rewritten after every case, and cases already in it are skipped
@@ -202,6 +206,30 @@ def main() -> int:
     parser.add_argument("--redo", action="store_true", help="rerun cases already in --out")
     parser.add_argument("--table", metavar="RESULTS", help="print the markdown table of a results file and exit")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument(
+        "--cases-from",
+        metavar="RESULTS",
+        help="rerun the (architecture, exporter) cases of this results file (with --class: of those "
+        "classes only) instead of --all/--archs x --exporters; always reruns them",
+    )
+    parser.add_argument(
+        "--class",
+        dest="classes",
+        default="",
+        help=f"comma-separated classes for --cases-from, of {sweep.CLASSES + ('TIMEOUT',)}",
+    )
+    parser.add_argument(
+        "--follow-dyn17",
+        action="store_true",
+        help="afterwards run dyn17 for every architecture whose dyn18 case was run here and now "
+        "trains (ours generates and trains it) and that has no dyn17 record",
+    )
+    parser.add_argument(
+        "--reclassify",
+        metavar="RESULTS",
+        help="recompute class and why of every record of a results file from its stored stages "
+        "(after a change to classify) and rewrite it",
+    )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -209,29 +237,67 @@ def main() -> int:
     if args.list:
         print("\n".join(sweep_models.ARCHS))
         return 0
+    if args.reclassify:
+        path = pathlib.Path(args.reclassify)
+        results = json.loads(path.read_text())
+        for r in results:
+            if "deviation" in r or "export" in r.get("stages", {}) or "ours_generate" in r.get("stages", {}):
+                r.update(sweep.classify(r))
+        path.write_text(json.dumps(results, indent=1, default=float))
+        print(json.dumps(counts(results)))
+        return 0
     if args.table:
         results = json.loads(pathlib.Path(args.table).read_text())
         print(summary(results))
         print()
         print(table(results))
         return 0
-    archs = list(sweep_models.ARCHS) if args.all else [a for a in args.archs.split(",") if a]
-    unknown = [a for a in archs if a not in sweep_models.ARCHS]
-    if unknown or not archs:
-        parser.error(f"unknown architectures {unknown}" if unknown else "give --all or --archs")
-    exporters = [e for e in args.exporters.split(",") if e]
     out = pathlib.Path(args.out)
     results = json.loads(out.read_text()) if out.exists() else []
-    done = {(r["arch"], r["exporter"]) for r in results}
-    todo = [(a, e) for a in archs for e in exporters if args.redo or (a, e) not in done]
-    for record in run_in_subprocesses(todo, args.timeout):
-        arch, exporter = record["arch"], record["exporter"]
-        results = [r for r in results if (r["arch"], r["exporter"]) != (arch, exporter)] + [record]
-        out.write_text(json.dumps(results, indent=1, default=float))
-        print(
-            f"{arch:28s} {exporter:6s} {record['class']:26s} {record.get('wall_s', 0):6.1f}s "
-            f"{(record.get('why') or '')[:150]}",
-            flush=True,
+    if args.cases_from:
+        wanted = {c for c in args.classes.split(",") if c}
+        unknown = wanted - set(sweep.CLASSES + ("TIMEOUT",))
+        if unknown:
+            parser.error(f"unknown classes {sorted(unknown)}")
+        source = json.loads(pathlib.Path(args.cases_from).read_text())
+        todo = [(r["arch"], r["exporter"]) for r in source if not wanted or r["class"] in wanted]
+        unknown = sorted({a for a, _ in todo if a not in sweep_models.ARCHS})
+        if unknown:
+            parser.error(f"unknown architectures {unknown}")
+    else:
+        archs = list(sweep_models.ARCHS) if args.all else [a for a in args.archs.split(",") if a]
+        unknown = [a for a in archs if a not in sweep_models.ARCHS]
+        if unknown or not archs:
+            parser.error(f"unknown architectures {unknown}" if unknown else "give --all, --archs or --cases-from")
+        exporters = [e for e in args.exporters.split(",") if e]
+        done = {(r["arch"], r["exporter"]) for r in results}
+        todo = [(a, e) for a in archs for e in exporters if args.redo or (a, e) not in done]
+
+    def run(cases):
+        nonlocal results
+        ran = []
+        for record in run_in_subprocesses(cases, args.timeout):
+            arch, exporter = record["arch"], record["exporter"]
+            results = [r for r in results if (r["arch"], r["exporter"]) != (arch, exporter)] + [record]
+            out.write_text(json.dumps(results, indent=1, default=float))
+            ran.append(record)
+            print(
+                f"{arch:28s} {exporter:6s} {record['class']:26s} {record.get('wall_s', 0):6.1f}s "
+                f"{(record.get('why') or '')[:150]}",
+                flush=True,
+            )
+        return ran
+
+    ran = run(todo)
+    if args.follow_dyn17:
+        not_training = ("REFUSED-BY-OUR-GENERATOR", "EXPORT-FAIL", "OURS-FAIL", "TIMEOUT")
+        have17 = {r["arch"] for r in results if r["exporter"] == "dyn17"}
+        run(
+            [
+                (r["arch"], "dyn17")
+                for r in ran
+                if r["exporter"] == "dyn18" and r["class"] not in not_training and r["arch"] not in have17
+            ]
         )
     print(json.dumps(counts(results)))
     return 0

@@ -413,6 +413,18 @@ CASES: List[Case] = [
         constants={"i": np.array([[0, 3], [2, 1]], np.int64)},
     ),
     Case(
+        "GatherND_ScatterND_none_add",
+        [
+            N("GatherND", ["w", "i"], ["g"]),
+            N("ScatterND", ["w", "j", "g"], ["a"]),
+            N("ScatterND", ["w", "j", "g"], ["b"], reduction="add"),
+            N("Mul", ["a", "b"]),
+        ],
+        {},
+        {"w": _r(3, 4, seed=90)},
+        constants={"i": np.array([[0], [0]], np.int64), "j": np.array([[2], [0]], np.int64)},
+    ),
+    Case(
         "InstanceNormalization",
         [N("Mul", ["x", "w"], ["h"]), N("InstanceNormalization", ["h", "s", "b"], epsilon=1e-3)],
         {"x": ([2, 3, 4, 5], "normal")},

@@ -1,8 +1,9 @@
 """Training what ORT 1.19.2's generate_artifacts cannot (issue 27, item 3).
 
 ORT's own generator has no gradient for InstanceNormalization (GroupNorm), Einsum,
-ReduceMax/ReduceMin, Softplus, CastLike, Resize (upsampling) and ConvTranspose; ours builds
-them (and ReduceL2, Tile, ScatterElements) from standard ONNX ops.  For each, a small torch
+ReduceMax/ReduceMin, Softplus, CastLike, Resize (upsampling), ConvTranspose and sequences
+(the dynamo exporter's ``torch.split``/``chunk``: SplitToSequence + SequenceAt); ours builds
+them (and ReduceL2, Tile, ScatterElements, ScatterND, GatherND) from standard ONNX ops.  For each, a small torch
 model is exported (TorchScript exporter, opset 17 unless said), our ``generate_artifacts``
 makes the artifacts, and the parameter gradients of one train step must match float64
 eager torch: within 1e-4 of the largest gradient magnitude, or no farther than float32
@@ -61,6 +62,7 @@ class ModelCase:
     ops: Tuple[str, ...] = ()  # ops the export must contain (the point of the case)
     exporter: str = "torchscript"  # or "dynamo", or "hand" (``build`` writes the graph)
     build: Optional[Callable[[nn.Module, Tuple[int, ...]], onnx.ModelProto]] = None
+    optimize: bool = True  # dynamo: False keeps the graph as exported (its optimizer turns sequences into Split)
 
 
 def _seq(layers) -> Callable[[], nn.Module]:
@@ -93,6 +95,49 @@ def _cast_like_graph(model: nn.Module, input_shape: Tuple[int, ...]) -> onnx.Mod
         ],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _split_to_sequence_graph(model: nn.Module, input_shape: Tuple[int, ...]) -> onnx.ModelProto:
+    """``s = SplitToSequence(x * w, axis=0, keepdims=0)`` (no split: one piece per row, squeezed);
+    ``y = s[0] * s[2] + s[-1]``, positions as Constant nodes (the form our rewrite to Split takes)."""
+    nodes = [
+        helper.make_node("Mul", ["x", "w"], ["h"]),
+        helper.make_node("SplitToSequence", ["h"], ["seq"], axis=0, keepdims=0),
+    ]
+    for k, place in enumerate((0, 2, -1)):
+        nodes += [
+            helper.make_node("Constant", [], [f"p{k}"], value=numpy_helper.from_array(np.array(place, np.int64))),
+            helper.make_node("SequenceAt", ["seq", f"p{k}"], [f"r{k}"]),
+        ]
+    nodes += [helper.make_node("Mul", ["r0", "r1"], ["m"]), helper.make_node("Add", ["m", "r2"], ["y"])]
+    graph = helper.make_graph(
+        nodes,
+        "split_to_sequence",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(input_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [input_shape[1]])],
+        [numpy_helper.from_array(model.w.detach().numpy(), "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+class IndexingModel(nn.Module):
+    """split/chunk (SplitToSequence + SequenceAt), advanced indexing (GatherND) and index_put with and
+    without accumulate (ScatterND, reduction none and add), as the dynamo exporter writes them."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(_p(4, 6, seed=17))
+        self.b = nn.Parameter(_p(3, 6, seed=18))
+
+    def forward(self, x):
+        h = x @ self.w
+        a, b, c = h.split(2, dim=-1)
+        chunks = h.chunk(3, dim=-1)
+        picked = h[torch.tensor([0, 2, 0]), torch.tensor([1, 3, 1])]
+        z = self.b.clone()
+        z[torch.tensor([0, 2])] = h[:2] * 2
+        z = z.index_put((torch.tensor([1, 1]),), h[2:4] * self.b[0], accumulate=True)
+        return torch.cat([(a * b + c + chunks[1]).sum(0), picked, z.sum(0) * h[0]])
 
 
 class DynamoModel(nn.Module):
@@ -241,6 +286,23 @@ CASES: List[ModelCase] = [
         build=_cast_like_graph,
     ),
     ModelCase(
+        "split_to_sequence_keepdims0",
+        lambda: Lambda(lambda m, x: (x * m.w)[0] * (x * m.w)[2] + (x * m.w)[-1], w=_p(4, seed=19)),
+        (3, 4),
+        ops=("SplitToSequence", "SequenceAt"),
+        exporter="hand",
+        build=_split_to_sequence_graph,
+    ),
+    ModelCase(
+        "dynamo_sequences_gather_scatter_nd",
+        IndexingModel,
+        (5, 4),
+        opset=18,
+        exporter="dynamo",
+        optimize=False,
+        ops=("SplitToSequence", "SequenceAt", "GatherND", "ScatterND"),
+    ),
+    ModelCase(
         "dynamo_export",
         DynamoModel,
         (2, 3, 4, 4),
@@ -260,7 +322,13 @@ def _export(case: ModelCase, model: nn.Module, x: torch.Tensor) -> onnx.ModelPro
         if case.exporter == "dynamo":
             with contextlib.redirect_stdout(io.StringIO()):
                 program = torch.onnx.export(
-                    model, (x,), dynamo=True, opset_version=case.opset, input_names=["x"], output_names=["y"]
+                    model,
+                    (x,),
+                    dynamo=True,
+                    opset_version=case.opset,
+                    input_names=["x"],
+                    output_names=["y"],
+                    optimize=case.optimize,
                 )
             return program.model_proto
         torch.onnx.export(
@@ -433,6 +501,20 @@ REFUSED = [
         {"w": np.ones((2, 2), np.float32), "i": np.zeros((1, 2), np.int64), "w2": np.ones((1, 2), np.float32)},
         "reduction='mul'",
     ),
+    (
+        "scatter_nd_max",
+        helper.make_node("ScatterND", ["w", "i", "w2"], ["y"], reduction="max"),
+        [],
+        {"w": np.ones((2, 2), np.float32), "i": np.zeros((1, 1), np.int64), "w2": np.ones((1, 2), np.float32)},
+        "reduction='max'",
+    ),
+    (
+        "gather_nd_batch_dims",
+        helper.make_node("GatherND", ["w", "i"], ["y"], batch_dims=1),
+        [],
+        {"w": np.ones((2, 3), np.float32), "i": np.zeros((2, 1), np.int64)},
+        "batch_dims > 0",
+    ),
 ]
 
 
@@ -462,6 +544,7 @@ ORT_OWN_FAILURES = {
     "reduce_l2_tile_scatter": "has input size 1 not in range",  # ReduceL2 keepdims=0: Unsqueeze-1 form at opset 17
     "interpolate_bilinear": "Could not find an implementation for ResizeGrad",
     "conv_transpose_stride_padding_groups": "Could not find an implementation for ConvTransposeGrad",
+    "split_to_sequence_keepdims0": "unreachable",  # its gradient graph stops at the sequence
 }
 
 

@@ -283,8 +283,18 @@ def classify(record: Dict[str, Any]) -> Dict[str, str]:
         if "UnsupportedGradientError" in message:
             import re
 
-            header = re.split(r"\s+\w+ \(node '", message.split("no gradient for ", 1)[-1])[0]
-            ops = header.strip(" :;")
+            rest = message.split("no gradient for ", 1)[-1]
+            ops = re.match(r"(?:[\w.:]+, )*[\w.:]+", rest).group(0)
+            # reasons other than a missing builder (a configuration the builder refuses), once each
+            reasons = sorted(
+                {
+                    r.strip()
+                    for r in re.findall(r"\(node '[^']*'\): (.*?)(?= [\w.:]+ \(node '|$)", rest)
+                    if r.strip() and r.strip() != "no gradient builder" and "..." not in r
+                }
+            )
+            if reasons:
+                ops += " (" + "; ".join(reasons) + ")"
             ort = next((stages[s] for s in ("ort_generate", "ort_train") if s in stages), None)
             ort_says = f"ORT: {ort_reason(ort)}" if ort else "ORT trains it"
             return {"class": "REFUSED-BY-OUR-GENERATOR", "why": f"no gradient for {ops}; {ort_says}"}
@@ -336,7 +346,7 @@ def run_case(arch: str, exporter: str, workdir: pathlib.Path) -> Dict[str, Any]:
         try:
             return fn()
         except Exception as error:  # noqa: BLE001 (recorded)
-            stages[name] = short_error(error)
+            stages[name] = short_error(error, 2000 if name == "ours_generate" else 400)  # every refused op named
             record.setdefault("tracebacks", {})[name] = traceback.format_exc()[-3000:]
             return None
         finally:

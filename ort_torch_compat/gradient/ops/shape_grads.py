@@ -1,5 +1,5 @@
 """Gradients of ops that move data without arithmetic: reshape, transpose, (un)squeeze, concat,
-split, slice, gather, tile, scatter.  Each routes the output gradient back to where the input elements came
+split, slice, gather, tile, scatter (Elements and ND).  Each routes the output gradient back to where the input elements came
 from; slice and gather scatter it into zeros with ORT's SliceGrad / GatherGrad kernels."""
 
 from __future__ import annotations
@@ -173,3 +173,43 @@ def scatter_elements(ctx: GradientContext) -> None:
             ctx.emit("ScatterElements", [ctx.GO(0), ctx.I(1), zeros], [ctx.GI(0)], axis=axis)
     if ctx.requires(2):
         ctx.emit("GatherElements", [ctx.GO(0), ctx.I(1)], [ctx.GI(2)], axis=axis)
+
+
+def _zeros_like(ctx: GradientContext, like: str, name: str) -> str:
+    dims = ctx.emit("Shape", [like], [ctx.IA(f"{name}_shape")])[0]
+    return ctx.emit(
+        "ConstantOfShape",
+        [dims],
+        [ctx.IA(name)],
+        value=numpy_helper.from_array(np.zeros([1], dtype=ctx.np_dtype(like))),
+    )[0]
+
+
+@register("GatherND", inputs=(0,))
+def gather_nd(ctx: GradientContext) -> None:
+    """dY added into zeros at the gathered positions: ``ScatterND(zeros, indices, dY, reduction="add")``
+    (repeated indices add up).  Standard ONNX ops, unlike ORT's GatherNDGrad."""
+    if int(ctx.attr("batch_dims", 0)):
+        raise ctx.unsupported("GatherND with batch_dims > 0 (ScatterND has no batch_dims)")
+    if ctx.opset < 16:
+        raise ctx.unsupported("GatherND before opset 16 (its gradient needs ScatterND-16's reduction='add')")
+    zeros = _zeros_like(ctx, ctx.I(0), "zeros")
+    ctx.emit("ScatterND", [zeros, ctx.I(1), ctx.GO(0)], [ctx.GI(0)], reduction="add")
+
+
+@register("ScatterND", inputs=(0, 2))
+def scatter_nd(ctx: GradientContext) -> None:
+    """``data`` gets dY with the written positions zeroed (all of dY with reduction="add");
+    ``updates`` gets dY gathered at the indices."""
+    reduction = ctx.attr("reduction", b"none")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+    if reduction not in ("none", "add"):
+        raise ctx.unsupported(f"ScatterND with reduction={reduction!r} (only none and add)")
+    if ctx.requires(0):
+        if reduction == "add":
+            ctx.emit("Identity", [ctx.GO(0)], [ctx.GI(0)])
+        else:
+            zeros = _zeros_like(ctx, ctx.I(2), "zeros")
+            ctx.emit("ScatterND", [ctx.GO(0), ctx.I(1), zeros], [ctx.GI(0)])
+    if ctx.requires(2):
+        ctx.emit("GatherND", [ctx.GO(0), ctx.I(1)], [ctx.GI(2)])
