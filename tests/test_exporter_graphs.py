@@ -110,3 +110,54 @@ def test_scaled_sum_as_orts_kernel(count):
     torch.testing.assert_close(actual, expected, rtol=0, atol=0)
     actual.sum().backward()
     assert [float(v.grad[0, 0]) for v in values] == [0.5, -2.0, 3.0][:count]
+
+
+def test_castlike_becomes_cast_for_orts_generator():
+    """scripts/prepare_for_artifacts.py: the dynamo exporter's CastLike (ORT 1.19.2 has no
+    gradient builder for it) becomes Cast to the known type of its second input; the function
+    is unchanged (onnx's reference implementation), a CastLike of unknown type is left alone."""
+    from ort_torch_compat.testing.prepare_for_artifacts import castlike_to_cast
+
+    def model_of(nodes, inputs, outputs, initializers=()):
+        graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+
+    def build():
+        return model_of(
+            [
+                helper.make_node("CastLike", ["i", "x"], ["c"]),  # x: a graph input
+                helper.make_node("Mul", ["x", "c"], ["y"]),
+                helper.make_node("CastLike", ["y", "k"], ["z"]),
+            ],  # k: an initializer
+            [
+                helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                helper.make_tensor_value_info("i", TensorProto.INT64, [2, 3]),
+            ],
+            [helper.make_tensor_value_info("z", TensorProto.DOUBLE, [2, 3])],
+            [helper.make_tensor("k", TensorProto.DOUBLE, [1], [0.0])],
+        )
+
+    feeds = {
+        "x": np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32),
+        "i": np.arange(6, dtype=np.int64).reshape(2, 3),
+    }
+    expected = ReferenceEvaluator(build()).run(None, feeds)[0]
+    rewritten = build()
+    assert castlike_to_cast(rewritten) == 2
+    assert [n.op_type for n in rewritten.graph.node] == ["Cast", "Mul", "Cast"]
+    assert [a.i for n in rewritten.graph.node if n.op_type == "Cast" for a in n.attribute if a.name == "to"] == [
+        TensorProto.FLOAT,
+        TensorProto.DOUBLE,
+    ]
+    actual = ReferenceEvaluator(rewritten).run(None, feeds)[0]
+    assert actual.dtype == expected.dtype == np.float64
+    np.testing.assert_array_equal(actual, expected)
+    unknown = model_of(
+        [helper.make_node("CastLike", ["x", "u"], ["y"])],
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+            helper.make_tensor_value_info("u", TensorProto.UNDEFINED, None),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.UNDEFINED, None)],
+    )
+    assert castlike_to_cast(unknown) == 0 and unknown.graph.node[0].op_type == "CastLike"

@@ -84,8 +84,10 @@ def export(case, exporter: str):
 
 
 def trainable_names(case, model) -> List[str]:
-    """Initializers that are (float) torch parameters, in initializer order."""
-    params = {name for name, p in case.model.named_parameters() if p.dtype.is_floating_point}
+    """Initializers that are (float) torch parameters, in initializer order.  A tied parameter
+    counts under every path: the dynamo exporter names GPT-2's tied embedding after its LM
+    head (``lm_head.weight``), which ``named_parameters()`` leaves out."""
+    params = {name for name, p in case.model.named_parameters(remove_duplicate=False) if p.dtype.is_floating_point}
     return [init.name for init in model.graph.initializer if init.name in params]
 
 
@@ -117,20 +119,27 @@ def label_batches(count: int, classes: int, seed: int = 2):
 
 
 # ---------------------------------------------------------------- the three parties
-def referee(case, trainable: List[str], data, labels, perturb: int = 0, dtype: str = "float64") -> Dict[str, Any]:
-    """Float64 eager torch: the same forward, CrossEntropy (mean), ORT's AdamW (adam_mode 1).
+def referee(
+    case, trainable: List[str], data, labels, perturb: int = 0, dtype: str = "float64", loss: str = "ce"
+) -> Dict[str, Any]:
+    """Float64 eager torch: the same forward, CrossEntropy (mean; ``loss="mse"``: MSE, mean, as
+    ORT's MSELoss block), ORT's AdamW (adam_mode 1).
     ``perturb=seed`` multiplies every parameter by 1 +- 2**-24 (half a float32 ulp, random sign):
     how far that moves the losses measures how much float32 rounding alone can (ill-conditioned
     models, e.g. BatchNorm over few values, amplify it chaotically)."""
     import torch
 
     torch_dtype = getattr(torch, dtype)
+    mse = loss == "mse"  # (`loss` is reused below for the loss tensor)
     model = copy.deepcopy(case.model).to(torch_dtype).train()
     params = dict(model.named_parameters())
+    # a tied parameter may be trainable under another of its paths (GPT-2's lm_head.weight, dynamo exporter)
+    params.update({name: p for name, p in model.named_parameters(remove_duplicate=False) if name in trainable})
     if perturb:
+        distinct = {id(p): p for p in params.values()}
         generator = torch.Generator().manual_seed(perturb)
         with torch.no_grad():
-            for p in params.values():
+            for p in distinct.values():
                 sign = torch.randint(0, 2, p.shape, generator=generator, dtype=torch.float64) * 2 - 1
                 p.mul_(1 + sign * 2.0**-24)
     train = [params[name] for name in trainable]
@@ -145,6 +154,8 @@ def referee(case, trainable: List[str], data, labels, perturb: int = 0, dtype: s
     def loss_of(inputs, label):
         tensors = [torch.from_numpy(x).to(torch_dtype) if x.dtype.kind == "f" else torch.from_numpy(x) for x in inputs]
         logits = model(*tensors)
+        if mse:
+            return torch.nn.functional.mse_loss(logits, torch.from_numpy(label).to(torch_dtype))
         return torch.nn.functional.cross_entropy(logits, torch.from_numpy(label))
 
     for step in range(STEPS):
@@ -359,7 +370,9 @@ def run_case(arch: str, exporter: str, workdir: pathlib.Path) -> Dict[str, Any]:
     record["ops"] = sorted({f"{n.domain + '::' if n.domain else ''}{n.op_type}" for n in model.graph.node})
     trainable = trainable_names(case, model)
     record["trainable"] = len(trainable)
-    record["trainable_values"] = int(sum(p.numel() for n, p in case.model.named_parameters() if n in set(trainable)))
+    record["trainable_values"] = int(
+        sum(p.numel() for n, p in case.model.named_parameters(remove_duplicate=False) if n in set(trainable))
+    )
     if not trainable:
         stages["ours_generate"] = "no torch parameter is an initializer of the exported model"
         record.update(classify(record))
@@ -368,7 +381,9 @@ def run_case(arch: str, exporter: str, workdir: pathlib.Path) -> Dict[str, Any]:
     with torch.no_grad():
         count = int(case.model(*[torch.from_numpy(x) for x in data[0]]).shape[0])
     labels = label_batches(count, case.classes)
-    start = {name: p.detach().double().numpy().copy() for name, p in case.model.named_parameters()}
+    start = {
+        name: p.detach().double().numpy().copy() for name, p in case.model.named_parameters(remove_duplicate=False)
+    }
     runs: Dict[str, Any] = {}
     runs["ref"] = timed("referee", lambda: referee(case, trainable, data, labels))
     perturbed = timed("referee_perturbed", lambda: referee(case, trainable, data, labels, perturb=1))

@@ -32,6 +32,14 @@ torch 2.15; see /work/shared/spec/onnx2torch-findings.md, "ORT-side findings"):
   prunes BN nodes that are already in inference mode (``training_mode`` 0 or
   absent) and still carry unused extra outputs.
 
+* **CastLike (the dynamo exporter).** ``torch.onnx.export(dynamo=True)`` writes
+  ``CastLike`` for ``type_as`` and in every BatchNorm (training mode) and attention-mask
+  computation; ORT 1.19.2 has no gradient builder for it ("The gradient builder has not
+  been registered: CastLike"), so ``generate_artifacts`` fails on BERT, ViT, ResNet...
+  Where the type of the second input is known (an initializer, a graph input, a
+  ``value_info``, or ONNX shape inference), ``CastLike(x, like)`` is the same function as
+  ``Cast(x, to=type(like))``, for which ORT has a gradient; ``castlike_to_cast`` rewrites it.
+
 * **IR version.** onnx >= 1.17 stamps new models (notably the optimizer model
   that ``generate_artifacts`` builds from scratch) with an IR version above 10,
   and ORT 1.19 refuses to load them ("Unsupported model IR version ..., max
@@ -119,6 +127,45 @@ def declare_layernorm_outputs(graph: onnx.GraphProto) -> int:
     return edited
 
 
+def castlike_to_cast(model: onnx.ModelProto) -> int:
+    """Rewrite ai.onnx ``CastLike(x, like)`` as ``Cast(x, to=elem_type(like))`` wherever the
+    element type of ``like`` is known (main graph only).  Returns the number of nodes edited."""
+    graph = model.graph
+    if not any(n.op_type == "CastLike" and n.domain in _ONNX_DOMAINS for n in graph.node):
+        return 0
+    types = {init.name: init.data_type for init in graph.initializer}
+    for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types.setdefault(vi.name, vi.type.tensor_type.elem_type)
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in _ONNX_DOMAINS:
+            for attr in node.attribute:
+                if attr.name == "value":
+                    types.setdefault(node.output[0], attr.t.data_type)
+    if any(n.op_type == "CastLike" and n.input[1] not in types for n in graph.node):
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model)
+        except Exception:  # noqa: BLE001 (then only the known ones are rewritten)
+            inferred = None
+        if inferred is not None:
+            for vi in inferred.graph.value_info:
+                if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+                    types.setdefault(vi.name, vi.type.tensor_type.elem_type)
+    edited = 0
+    for node in graph.node:
+        if node.op_type != "CastLike" or node.domain not in _ONNX_DOMAINS or node.input[1] not in types:
+            continue
+        like = node.input[1]
+        del node.input[1]
+        saturate = [a for a in node.attribute if a.name == "saturate"]
+        del node.attribute[:]
+        node.attribute.extend(saturate)
+        node.attribute.append(onnx.helper.make_attribute("to", types[like]))
+        node.op_type = "Cast"
+        edited += 1
+    return edited
+
+
 def _bn_training_mode(node: onnx.NodeProto) -> int:
     for attr in node.attribute:
         if attr.name == "training_mode":
@@ -168,8 +215,8 @@ def set_ir_version(model: onnx.ModelProto, max_ir: int = MAX_ORT_IR_VERSION) -> 
 def prepare_model(model: onnx.ModelProto, max_ir: int = MAX_ORT_IR_VERSION) -> onnx.ModelProto:
     """Return a copy of a torch-exported ``model`` that generate_artifacts (ORT 1.19.2) accepts.
 
-    Declares LN's two optional outputs, prunes unused outputs of inference-mode
-    BN nodes (training-mode BN keeps its 3 outputs; fix the generated eval model
+    Declares LN's two optional outputs, rewrites CastLike of a known type as Cast, prunes
+    unused outputs of inference-mode BN nodes (training-mode BN keeps its 3 outputs; fix the generated eval model
     with ``prepare_eval_model``) and lowers the
     IR version; see the module docstring for the reasons.
     """
@@ -177,6 +224,7 @@ def prepare_model(model: onnx.ModelProto, max_ir: int = MAX_ORT_IR_VERSION) -> o
     out.CopyFrom(model)
     declare_layernorm_outputs(out.graph)
     prune_batchnorm_outputs(out.graph)
+    castlike_to_cast(out)
     set_ir_version(out, max_ir)
     return out
 
