@@ -433,14 +433,7 @@ def run_worker(cfg: Config, out_root: pathlib.Path) -> Dict[str, Any]:
             if any(dim.dim_param or not dim.HasField("dim_value") for dim in tt.shape.dim):
                 raise RuntimeError(f"input {vi.name} has a symbolic shape {tt.shape}")
             dtype = reference.onnx_dtype_name(tt.elem_type)
-            if vi.name in kinds:
-                kind, high = kinds[vi.name]
-            elif vi.name == "labels":
-                kind, high = "int", int(reference.output_last_dim(train_m, eval_m))
-            elif vi.name == "target" and cfg.loss == "bce":
-                kind, high = "binary", 0
-            else:
-                kind, high = "normal", 0
+            kind, high = reference.feed_kind(vi.name, kinds, train_m, eval_m, cfg.loss)
             inputs.append({"name": vi.name, "shape": shape, "dtype": dtype, "kind": kind, "high": high})
         eval_inputs = [vi.name for vi in reference.user_inputs(eval_m, params)]
 

@@ -286,14 +286,7 @@ def scenario_spec(
     for info in reference.user_inputs(train_m, params):
         tensor = info.type.tensor_type
         shape = [d.dim_value if d.HasField("dim_value") else concrete[d.dim_param] for d in tensor.shape.dim]
-        if info.name in kinds:
-            kind, high = kinds[info.name]
-        elif info.name == "labels":
-            kind, high = "int", int(reference.output_last_dim(train_m, eval_m))
-        elif info.name == "target" and cfg.loss == "bce":
-            kind, high = "binary", 0
-        else:
-            kind, high = "normal", 0
+        kind, high = reference.feed_kind(info.name, kinds, train_m, eval_m, cfg.loss)
         inputs.append(
             {
                 "name": info.name,

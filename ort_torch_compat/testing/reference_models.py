@@ -200,6 +200,19 @@ def output_last_dim(train_m, eval_m) -> int:
     raise RuntimeError("cannot determine the number of classes")
 
 
+def feed_kind(name: str, kinds: Dict[str, Any], train_m, eval_m, loss: str) -> Tuple[str, int]:
+    """How the scenario fills the user input `name`: (kind, high) from the config's `kinds`, else
+    class indices for `labels`, 0/1 targets for a BCE `target`, normal values otherwise."""
+    if name in kinds:
+        kind, high = kinds[name]
+        return kind, high
+    if name == "labels":
+        return "int", int(output_last_dim(train_m, eval_m))
+    if name == "target" and loss == "bce":
+        return "binary", 0
+    return "normal", 0
+
+
 def save_npz(path: pathlib.Path, arrays: Dict[str, Any]) -> None:
     """Like ``np.savez_compressed`` but byte-reproducible (fixed zip timestamps, sorted keys)."""
     import zipfile
