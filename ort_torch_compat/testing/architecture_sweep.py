@@ -67,20 +67,7 @@ def export(case, exporter: str):
                 do_constant_folding=False,
             )
             return onnx.load_from_string(buffer.getvalue())
-        opset = {"dyn18": 18, "dyn17": 17}[exporter]
-        # optimize=False: the default optimizer folds Transpose/Reshape of weights into new
-        # initializers (val_17, ...), and most parameters are then no longer trainable by name.
-        program = torch.onnx.export(
-            model,
-            args,
-            dynamo=True,
-            opset_version=opset,
-            input_names=names,
-            output_names=["logits"],
-            verbose=False,
-            optimize=False,
-        )
-        return program.model_proto
+        return prep.export_dynamo(model, args, names, "logits", {"dyn18": 18, "dyn17": 17}[exporter])
 
 
 def trainable_names(case, model) -> List[str]:

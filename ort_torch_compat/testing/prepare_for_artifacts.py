@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-from typing import Iterable, Optional, Set
+from typing import Iterable, List, Optional, Set
 
 import onnx
 
@@ -125,6 +125,25 @@ def declare_layernorm_outputs(graph: onnx.GraphProto) -> int:
         node.output.append(_unique(f"{stem}_inv_std_dev", taken))
         edited += 1
     return edited
+
+
+def export_dynamo(model, args: tuple, input_names: List[str], output_name: str, opset: int) -> onnx.ModelProto:
+    """``torch.onnx.export(dynamo=True)`` of `model` on `args`, as a ModelProto.  ``optimize=False``:
+    the exporter's default optimizer folds Transpose/Reshape of weights into new initializers
+    (``val_17``...), and most parameters are then no longer trainable by name."""
+    import torch
+
+    program = torch.onnx.export(
+        model,
+        args,
+        dynamo=True,
+        opset_version=opset,
+        input_names=input_names,
+        output_names=[output_name],
+        verbose=False,
+        optimize=False,
+    )
+    return program.model_proto
 
 
 def castlike_to_cast(model: onnx.ModelProto) -> int:

@@ -89,17 +89,7 @@ def export_onnx(built: "zoo.Built", opset: int, export: str, exporter: str = "to
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
-            program = torch.onnx.export(
-                built.model,
-                args,
-                dynamo=True,
-                opset_version=opset,
-                input_names=names,
-                output_names=["output"],
-                verbose=False,
-                optimize=False,
-            )
-            return program.model_proto
+            return prep.export_dynamo(built.model, args, names, "output", opset)
         buffer = io.BytesIO()
         torch.onnx.export(
             built.model,
