@@ -55,11 +55,16 @@ from ort_torch_compat.testing.benchmark_report import conditions, fresh_table, t
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BACKENDS = ("ort", "ours", "eager")
+# also measurable (--backends): "compile", the hand-written model under torch.compile (default
+# mode); "ours-eager", ours with compilation and CUDA graphs off
+EXTRA_BACKENDS = ("compile", "ours-eager")
+HAND_WRITTEN = ("eager", "compile")
 HAND_MADE = ("mlp", "cnn", "transformer")
 ZOO_DEFAULT = ("mobilenet_v2", "resnet18", "bert", "gpt2", "vit", "lstm", "lora")
 MAX_IR_VERSION = 10
-SIZES = ("bench", "tiny")
-_RECIPE_SIZE = {"bench": "bench", "tiny": "test"}  # tiny: the real-architecture suite's sizes
+SIZES = ("bench", "tiny", "large")
+# tiny: the real-architecture suite's sizes; large: the GPU's compute-bound size (Hugging Face recipes)
+_RECIPE_SIZE = {"bench": "bench", "tiny": "test", "large": "large"}
 
 
 # ---- models -------------------------------------------------------------------------------
@@ -140,8 +145,12 @@ class Workload:
         else:
             from ort_torch_compat.testing import real_arch_artifacts
 
+            generator = "ort" if ort_generator_available() else "ours"
             real_arch_artifacts.make_artifacts(
-                self.name, directory, real_arch_artifacts.Variant(opset=17), size=_RECIPE_SIZE[self.size]
+                self.name,
+                directory,
+                real_arch_artifacts.Variant(opset=17, generator=generator),
+                size=_RECIPE_SIZE[self.size],
             )
 
     def labels(self, directory: pathlib.Path):
@@ -155,12 +164,27 @@ class Workload:
         return np.random.default_rng(0).integers(0, self.classes, size=shape).astype(np.int64)
 
 
+def ort_generator_available() -> bool:
+    """Whether onnxruntime-training's generate_artifacts can make the artifacts (else ours does)."""
+    try:
+        from onnxruntime.training import artifacts  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _hand_made_artifacts(work: Workload, directory: pathlib.Path) -> None:
     import onnx
     import torch
-    from onnxruntime.training import artifacts
 
     from ort_torch_compat.testing.prepare_for_artifacts import prepare_eval_model, prepare_model
+
+    if ort_generator_available():
+        from onnxruntime.training import artifacts
+    else:  # Python 3.12+ or a GPU machine without onnxruntime-training: our generator
+        from ort_torch_compat import artifacts
+
+        prepare_model = prepare_eval_model = lambda proto: proto  # noqa: E731  (ours takes the export as it is)
 
     training = torch.onnx.TrainingMode.TRAINING if work.name == "cnn" else torch.onnx.TrainingMode.EVAL
     directory.mkdir(parents=True, exist_ok=True)
@@ -212,7 +236,7 @@ def measure(
         torch.set_num_threads(threads)
     # Only the eager backend builds the torch model (transformers and torchvision are not
     # imported by the others: they would count in their memory); all read the same inputs.
-    work = Workload(name, size) if backend == "eager" else None
+    work = Workload(name, size) if backend in HAND_WRITTEN else None
     with np.load(directory / "inputs.npz") as saved:
         feeds = {key: saved[key] for key in saved.files}
     begin_import = time.perf_counter()
@@ -224,8 +248,14 @@ def measure(
     import_s = time.perf_counter() - begin_import  # torch itself is already imported by all
     start = time.perf_counter()  # setup = load + build, imports excluded (they are process start-up)
     extra = {}
-    if backend == "eager":
+    if backend in HAND_WRITTEN:
+        if device.startswith("cuda"):  # float32 as ours runs it (cuDNN convolutions default to TF32)
+            from ort_torch_compat.engine.precision import tf32_scope
+
+            tf32_scope(False).__enter__()
         model = work.model.to(device)
+        if backend == "compile":
+            model = torch.compile(model)
         for param_name, param in model.named_parameters():
             param.requires_grad_(not work.frozen(param_name))
         trainable = [p for p in model.parameters() if p.requires_grad]
@@ -262,7 +292,8 @@ def measure(
     sync()
     first_ms = 1000 * (time.perf_counter() - begin)
     if backend == "ours":
-        runner = module._engine.train_runner
+        engine = module._engine
+        runner = engine.train_runner
         extra = {"compiled": runner.path == "compiled", "compile_s": runner.compile_seconds}
     for _ in range(warmup):
         step()
@@ -274,6 +305,8 @@ def measure(
         sync()
         wall.append(time.perf_counter() - begin)
         cpu.append(time.process_time() - begin_cpu)
+    if backend == "ours" and module._engine._graphs is not None:  # after the steps: replaying from step 2
+        extra.update(cuda_graphs=module._engine._graphs.replaying, graph_refusals=module._engine._graphs.refusals)
     return {
         "step_ms": 1000 * statistics.median(wall),
         "cpu_ms": 1000 * statistics.median(cpu),
@@ -364,6 +397,9 @@ def run_child(
     ]
     if window:
         command += ["--window-start", repr(time.time()), "--fresh-seconds", str(args.fresh_seconds)]
+    if backend == "ours-eager":  # ours, neither compiled nor replayed as CUDA graphs
+        command[3] = "ours"
+        environment = dict(environment, ORT_TORCH_COMPAT_COMPILE="off", ORT_TORCH_COMPAT_CUDA_GRAPHS="0")
     out = subprocess.run(command, capture_output=True, text=True, timeout=3600, env=environment)
     if out.returncode != 0:
         lines = out.stderr.strip().splitlines()
@@ -410,6 +446,9 @@ def summarize(results: dict) -> dict:
                     }
                     if "compiled" in ok[0]:
                         row["compiled"] = all(r.get("compiled") for r in ok)
+                    if "cuda_graphs" in ok[0]:
+                        row["cuda_graphs"] = all(r.get("cuda_graphs") for r in ok)
+                        row["graph_refusals"] = sorted({reason for r in ok for reason in r.get("graph_refusals", [])})
                 summary.setdefault(load, {}).setdefault(name, {})[backend] = row
     return summary
 
@@ -474,6 +513,9 @@ def main() -> None:
         args.models = list(HAND_MADE) + [name for name, recipe in zoo.RECIPES.items() if recipe.ort_trains]
     import numpy as np
 
+    unknown = sorted(set(args.backends) - set(BACKENDS + EXTRA_BACKENDS))
+    if unknown:
+        parser.error(f"unknown backend(s) {unknown}; choose from {BACKENDS + EXTRA_BACKENDS}")
     backends = [b for b in args.backends if not (b == "ort" and args.device != "cpu")]
     environment = dict(os.environ, ORT_TORCH_COMPAT_CACHE_DIR=str(args.work / "cache"))
     work_dirs = {name: args.work / (name if args.size == "bench" else f"{name}-{args.size}") for name in args.models}
@@ -486,7 +528,8 @@ def main() -> None:
             feeds = {key: tensor.numpy() for key, tensor in work.inputs.items()}
             np.savez(directory / "inputs.npz", **feeds, labels=work.labels(directory))
     compile_report = {}
-    if "ours" in backends:  # a cold compile per model: reported, and warms the cache for the rounds
+    if "ours" in backends and args.device == "cpu":  # a cold compile per model (CPU steps compile):
+        # reported, and warms the cache for the rounds
         for name in args.models:
             cold = run_child(
                 "ours", name, work_dirs[name], args, dict(environment, ORT_TORCH_COMPAT_COMPILE="on"), steps=1
@@ -501,7 +544,7 @@ def main() -> None:
     fresh: dict = {}
     for load in args.background:
         results[str(load)] = {m: {b: [] for b in backends} for m in args.models}
-        fresh[str(load)] = {m: {b: [] for b in backends if b != "eager"} for m in args.models}
+        fresh[str(load)] = {m: {b: [] for b in backends if b in ("ort", "ours")} for m in args.models}
         with Background(load):
             for round_index in range(args.rounds):
                 for name in args.models:
@@ -530,6 +573,8 @@ def main() -> None:
         "torch": _torch_version(),
         "threads": args.threads,
         "device": args.device,
+        "gpu": _gpu_name(args.device),
+        "generator": "onnxruntime-training" if ort_generator_available() else "ort_torch_compat",
     }
     report = {
         "machine": machine,
@@ -548,6 +593,14 @@ def main() -> None:
         print(fresh_table(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
+
+
+def _gpu_name(device: str):
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(torch.device(device))
 
 
 def _torch_version() -> str:

@@ -18,6 +18,7 @@ from ..errors import ModelMismatchError, NominalStateError
 from ..optim import OptimizerSpec, adamw_step, clip_grad_norm_, linear_lr_factor, parse_optimizer_model, sgd_step
 from .checkpoint_io import moment_mismatch
 from .model_io import ModelSource, describe, load_model
+from .optimizer_graphs import OptimizerStepGraph
 from .precision import with_precision
 from .state import OptimizerState
 from .threads import threaded
@@ -52,6 +53,8 @@ class OptimizerEngine:
         if problem:
             raise ModelMismatchError(f"checkpoint state cannot be used with {name}: {problem}")
         self._groups: Optional[List[Tuple[List[torch.Tensor], List[List[torch.Tensor]]]]] = None
+        self._flat_moments: List[List[torch.Tensor]] = []  # per dtype group, per moment kind
+        self._graph: Optional[OptimizerStepGraph] = None  # CUDA graphs (optimizer_graphs.py), once materialized
         if engine.tf32 is not None:  # CUDA: the engine's TF32 setting (precision.py); CPU: unwrapped
             self.step = with_precision(self.step, engine.tf32)
 
@@ -68,10 +71,13 @@ class OptimizerEngine:
                 raise ModelMismatchError(f"Parameter {missing[0]} not found in the source optimizer checkpoint states.")
         moments: Dict[str, Dict[str, torch.Tensor]] = {name: {} for name in trainable}
         groups = []
+        self._flat_moments = []
         for group in store.groups.values():
-            per_kind = []
+            per_kind, flats = [], []
+            self._flat_moments.append(flats)
             for key in self.spec.moment_names:
                 flat = torch.zeros_like(group.data)
+                flats.append(flat)
                 views = [group.view(flat, index) for index in range(len(group.names))]
                 for name, view in zip(group.names, views):
                     source = loaded.get(name, {}).get(key) if loaded else None
@@ -96,8 +102,16 @@ class OptimizerEngine:
         with self.engine.state.lock:
             if self._groups is None:
                 self._groups = self._materialize()
+                streams = self.engine.graph_streams
+                if streams is not None and OptimizerStepGraph.suits(self.engine.store):
+                    self._graph = OptimizerStepGraph(
+                        self.spec, self.engine.store, self._flat_moments, streams, self.engine.train_label
+                    )
             lr = self.group.learning_rate
             fed_step = self.group.step + 1
+            if self._graph is not None and self._graph.step(lr, fed_step):
+                self.group.step = fed_step
+                return
             a = self.spec.attributes
             if self.spec.clip_max_norm is not None:  # one norm over every trainable gradient, as ORT
                 clip_grad_norm_([param.grad for params, _ in self._groups for param in params], self.spec.clip_max_norm)

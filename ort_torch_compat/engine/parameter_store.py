@@ -22,10 +22,12 @@ from .state import ParameterSlot, TrainingState
 
 @dataclass
 class FlatGroup:
-    """Trainable parameters sharing one dtype: one data tensor, one gradient tensor."""
+    """Trainable parameters sharing one dtype: one data tensor and, once CUDA graphs ask for
+    it (`ParameterStore.flat_grad_views`), one gradient tensor."""
 
     dtype: torch.dtype
     data: torch.Tensor
+    grad: Optional[torch.Tensor] = None
     names: List[str] = field(default_factory=list)
     spans: List[Tuple[int, int, torch.Size]] = field(default_factory=list)
 
@@ -47,6 +49,8 @@ class ParameterStore:
         self.groups: Dict[torch.dtype, FlatGroup] = {}
         self.trainable: List[torch.Tensor] = []
         self.trainable_names: List[str] = []  # the names of `trainable`, in the same order
+        self._grad_views: Optional[List[torch.Tensor]] = None
+        self.grads_bound = False  # every `.grad` is its flat gradient view (see bind_flat_grads)
         self._build(shapes)
 
     def _initial_value(self, slot: ParameterSlot, shape: Optional[Tuple[int, ...]]) -> torch.Tensor:
@@ -88,8 +92,34 @@ class ParameterStore:
     # ---- gradients -------------------------------------------------------------------
     def release_grads(self) -> None:
         """Let the next backward pass install fresh gradients (ORT's overwrite)."""
+        self.grads_bound = False
         for tensor in self.trainable:
             tensor.grad = None
+
+    def flat_grad_views(self) -> List[torch.Tensor]:
+        """Persistent gradient buffers aligned with `trainable`: views into one flat tensor
+        per dtype group (`FlatGroup.grad`), made at the first call.  CUDA graphs write
+        gradients into them and the optimizer graph reads them whole (cuda_graphs.py)."""
+        if self._grad_views is None:
+            views: List[torch.Tensor] = []
+            for group in self.groups.values():
+                group.grad = torch.zeros_like(group.data)
+                views += [group.view(group.grad, index) for index in range(len(group.names))]
+            self._grad_views = views
+        return self._grad_views
+
+    def bind_flat_grads(self, copy: bool) -> None:
+        """Make every trainable parameter's `.grad` its flat gradient view; with `copy`, the
+        values of the gradients they had first (zeros for none).  Free once bound: eager
+        steps that accumulate add into the views in place, and only `release_grads` unbinds."""
+        if self.grads_bound:
+            return
+        with torch.no_grad():
+            for tensor, view in zip(self.trainable, self.flat_grad_views()):
+                if copy and tensor.grad is not view:
+                    view.zero_() if tensor.grad is None else view.copy_(tensor.grad)
+                tensor.grad = view
+        self.grads_bound = True
 
     def fill_missing_grads(self) -> None:
         """Parameters the loss does not depend on keep a zero gradient, as in ORT."""

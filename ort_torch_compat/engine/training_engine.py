@@ -15,6 +15,7 @@ import torch
 
 from ..errors import InvalidInputError, ModelLoadError, NominalStateError
 from .compiled_step import Observer
+from .cuda_graphs import DeviceStream, TrainStepGraphs, graphs_enabled
 from .device import parse_device
 from .graph_io import GraphIO, ModelGraph, classify_feeds, read_eval_graph, read_training_graph
 from .graph_module import build_step_modules
@@ -120,6 +121,19 @@ class TrainingEngine:
         self._eval_direct: Optional[torch.nn.Module] = modules.eval_direct
         self._accumulate = False
         self._checked: Dict[str, tuple] = {}  # step -> signature of the last inputs that passed the checks
+        # CUDA: train (and optimizer) steps replayed as CUDA graphs (cuda_graphs.py)
+        self.graph_streams: Optional[DeviceStream] = None
+        self._graphs: Optional[TrainStepGraphs] = None
+        if graphs_enabled(self.device, session_options):
+            self.graph_streams = DeviceStream(self.device)
+            self._graphs = TrainStepGraphs(
+                self.train_module,
+                self.train_runner.eager,
+                self._train_params,
+                self.store,
+                train.label,
+                self.graph_streams,
+            )
 
     def _configure(
         self, state: TrainingState, device: str, gradients: str, session_options: object, use_tf32: Optional[bool]
@@ -189,11 +203,15 @@ class TrainingEngine:
         feeds = self._feeds(inputs, self.train_io, self._train_batch, self.train_strings, "train step")
         with self.state.lock:  # BatchNorm running stats change in the forward pass (see TrainingState)
             previous_grads = None
-            if not self._accumulate:
-                previous_grads = [tensor.grad for tensor in self.store.trainable]
-                self.store.release_grads()
             try:
-                outputs = self.train_runner.train_step([*feeds, *self._train_params], observe)
+                outputs = None if self._graphs is None else self._graphs.train_step(feeds, self._accumulate, observe)
+                if outputs is None:
+                    if not self._accumulate:
+                        previous_grads = [tensor.grad for tensor in self.store.trainable]
+                        self.store.release_grads()
+                    outputs = self.train_runner.train_step([*feeds, *self._train_params], observe)
+                    if not self._accumulate:
+                        self.store.fill_missing_grads()
             except BaseException as error:  # a failed step leaves the gradients as they were, as ORT's does
                 if previous_grads is not None:
                     for tensor, grad in zip(self.store.trainable, previous_grads):
@@ -203,8 +221,6 @@ class TrainingEngine:
                 raise_explained(
                     error, self.train_module, [*feeds, *self._train_params], self.train_strings.fed_from, "train step"
                 )
-            if not self._accumulate:
-                self.store.fill_missing_grads()
         self._accumulate = True
         return [out.detach() for out in outputs]
 

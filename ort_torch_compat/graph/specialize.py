@@ -98,12 +98,13 @@ def _is_view(node: fx.Node) -> bool:
     return schema is not None and any(ret.alias_info is not None for ret in schema.returns)
 
 
-def _check_traced(graph: fx.Graph, variable: Set[str]) -> None:
-    """Refuse random operators and values read from inputs that may change between steps."""
+def _check_traced(graph: fx.Graph, variable: Set[str], allow_random: bool) -> None:
+    """Refuse random operators (unless allowed) and values read from inputs that may change
+    between steps."""
     for node in graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
-        if torch.Tag.nondeterministic_seeded in node.target.tags:
+        if not allow_random and torch.Tag.nondeterministic_seeded in node.target.tags:
             raise NotSpecializable(f"the graph draws random numbers ({node.target.name()}, e.g. Dropout)")
         if node.target is torch.ops.aten._local_scalar_dense.default:  # .item(), .tolist(), bool()
             sources = [n.name for n in _ancestors(node) if n.op == "placeholder" and n.name in variable]
@@ -114,11 +115,127 @@ def _check_traced(graph: fx.Graph, variable: Set[str]) -> None:
                 )
 
 
-def specialize(module: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> SpecializedGraph:
+def _fold_constants(graph: fx.Graph, placeholders: List[fx.Node], constants: List[torch.Tensor], first: int) -> None:
+    """Evaluate once every node computed from constants alone (placeholders[first:], the
+    values in `constants`, none of them updated in place) and feed its value as a new
+    constant: device copies of host-made constants, masks and shape tensors derived from
+    them are then no longer computed at each step (a CUDA graph could not record a copy
+    from pageable host memory)."""
+    values = {node: constants[index - first] for index, node in enumerate(placeholders) if index >= first}
+    folded: List[fx.Node] = []
+    for node in graph.nodes:
+        if node.op != "call_function" or not node.all_input_nodes:
+            continue
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload) and (
+            target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags
+        ):
+            continue
+        if not all(parent in values for parent in node.all_input_nodes):
+            continue
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: values[n])
+        with torch.no_grad():
+            values[node] = target(*args, **kwargs)
+        folded.append(node)
+    for node in folded:
+        value = values[node]
+        if not isinstance(value, torch.Tensor) or all(user in values for user in node.users):
+            continue
+        constants.append(value.detach())
+        with graph.inserting_after(placeholders[-1]):
+            placeholders.append(graph.placeholder(f"folded_constant{len(constants)}"))
+        node.replace_all_uses_with(placeholders[-1])
+    graph.eliminate_dead_code()
+
+
+_SQRT2 = 2.0**0.5
+
+
+def _constant_value(arg, values: dict):
+    """A Python number for a scalar argument: a number, or a one-element constant placeholder."""
+    if isinstance(arg, (int, float)):
+        return float(arg)
+    tensor = values.get(arg)
+    if isinstance(tensor, torch.Tensor) and tensor.numel() == 1 and tensor.is_floating_point():
+        return float(tensor.reshape(()))
+    return None
+
+
+def _near(value, wanted: float) -> bool:
+    return value is not None and abs(value - wanted) <= 1e-6 * abs(wanted)
+
+
+def _fuse_erf_gelu(graph: fx.Graph, placeholders: List[fx.Node], constants: List[torch.Tensor], first: int) -> None:
+    """Replace exported exact GELUs, 0.5 * x * (1 + erf(x / sqrt(2))) in the orders exporters
+    write it (x / sqrt(2) or x * (1/sqrt(2)); the 0.5 first or last), by `aten.gelu`: one kernel
+    each way instead of about a dozen passes over the activations.  Same function; float32
+    results differ by rounding only."""
+    values = {node: constants[index - first] for index, node in enumerate(placeholders) if index >= first}
+    aten = torch.ops.aten
+
+    def only_user(node: fx.Node):
+        return next(iter(node.users)) if len(node.users) == 1 else None
+
+    def other(node: fx.Node, one: object):
+        a, b = node.args[:2]
+        return b if a is one else a if b is one else None
+
+    for erf in [n for n in graph.nodes if n.op == "call_function" and n.target is aten.erf.default]:
+        scaled = erf.args[0]
+        if not isinstance(scaled, fx.Node) or len(scaled.users) != 1 or scaled.kwargs:
+            continue
+        if scaled.target is aten.div.Tensor and _near(_constant_value(scaled.args[1], values), _SQRT2):
+            x = scaled.args[0]
+        elif scaled.target is aten.mul.Tensor and _near(_constant_value(scaled.args[1], values), 1 / _SQRT2):
+            x = scaled.args[0]
+        else:
+            continue
+        plus = only_user(erf)
+        if plus is None or plus.target is not aten.add.Tensor or plus.kwargs:
+            continue
+        if not _near(_constant_value(other(plus, erf), values), 1.0):
+            continue
+        first_mul, last = only_user(plus), None
+        if first_mul is None or first_mul.target is not aten.mul.Tensor:
+            continue
+        partner = other(first_mul, plus)
+        if partner is x:  # x * (1 + erf) then * 0.5
+            last = only_user(first_mul)
+            if (
+                last is None
+                or last.target is not aten.mul.Tensor
+                or not _near(_constant_value(other(last, first_mul), values), 0.5)
+            ):
+                continue
+        elif (
+            isinstance(partner, fx.Node)
+            and partner.target is aten.mul.Tensor
+            and x in partner.args[:2]
+            and _near(_constant_value(other(partner, x), values), 0.5)
+        ):
+            last = first_mul  # (0.5 * x) * (1 + erf)
+        else:
+            continue
+        with graph.inserting_before(last):
+            gelu = graph.call_function(aten.gelu.default, (x,))
+        last.replace_all_uses_with(gelu)
+    graph.eliminate_dead_code()
+
+
+def specialize(
+    module: fx.GraphModule,
+    example_inputs: Sequence[torch.Tensor],
+    allow_random: bool = False,
+    fold_constants: bool = False,
+) -> SpecializedGraph:
     """Trace `module(*example_inputs)` into a functional aten graph for exactly these shapes.
 
     Runs the module once on copies of the inputs (nothing the caller owns changes, the
-    random generators are restored).  Raises NotSpecializable with the reason."""
+    random generators are restored).  Raises NotSpecializable with the reason.
+    `allow_random`: keep random operators (the graph then draws from torch's generators
+    when it runs, as the module does: what a CUDA graph replays, see engine/cuda_graphs.py).
+    `fold_constants`: compute what depends on constants alone once, here (`_fold_constants`),
+    and fuse exported exact GELUs into one op (`_fuse_erf_gelu`)."""
     from torch.func import functionalize
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -156,7 +273,7 @@ def specialize(module: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -
             graph.erase_node(node)
     variable = {placeholders[i].name for i in range(len(example_inputs))}
     variable |= {placeholders[i].name for i in mutated}
-    _check_traced(graph, variable)
+    _check_traced(graph, variable, allow_random)
 
     # Every output a fresh tensor (not an input, a view or another output): the compiled
     # code's output list then maps one to one onto these.
@@ -172,6 +289,9 @@ def specialize(module: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -
         # compiler picks; in a graph without in-place updates reshape means the same.
         if node.op == "call_function" and node.target is torch.ops.aten.view.default:
             node.target = torch.ops.aten.reshape.default
+    if fold_constants and not any(i >= len(example_inputs) for i in mutated):
+        _fold_constants(graph, placeholders, constants, len(example_inputs))
+        _fuse_erf_gelu(graph, placeholders, constants, len(example_inputs))
     graph.eliminate_dead_code()
     for node in graph.nodes:
         if (

@@ -17,6 +17,7 @@ def table(report: dict, markdown: bool = False) -> str:
         "cpu ms",
         "vs ort",
         "vs eager",
+        "vs compile",
         "setup s",
         "first step ms",
         "compile s",
@@ -31,11 +32,15 @@ def table(report: dict, markdown: bool = False) -> str:
                     rows.append([load, name, backend, "error: " + row["error"][:80]] + [""] * (len(columns) - 4))
                     continue
                 ratios = []
-                for ref in ("ort", "eager"):
+                for ref in ("ort", "eager", "compile"):
                     ref_row = backends.get(ref, {})
                     ratios.append(f"{row['step_ms'] / ref_row['step_ms']:.2f}" if "step_ms" in ref_row else "-")
                 compile_s = report.get("compile", {}).get(name, {}).get("compile_s")
-                label = backend + ("" if backend != "ours" or row.get("compiled", True) else " (eager)")
+                label = backend
+                if backend == "ours" and "cuda_graphs" in row:
+                    label += " (CUDA graphs)" if row["cuda_graphs"] else " (eager)"
+                elif backend == "ours" and not row.get("compiled", True):
+                    label += " (eager)"
                 rows.append(
                     [
                         load,
@@ -43,8 +48,7 @@ def table(report: dict, markdown: bool = False) -> str:
                         label,
                         f"{row['step_ms']:.2f}",
                         f"{row['cpu_ms']:.2f}",
-                        ratios[0],
-                        ratios[1],
+                        *ratios,
                         f"{row['setup_s']:.2f}",
                         f"{row['first_ms']:.0f}",
                         f"{compile_s:.0f}" if backend == "ours" and compile_s else "",
@@ -104,9 +108,11 @@ def fresh_table(report: dict, markdown: bool = False) -> str:
 
 def conditions(report: dict) -> str:
     machine = report["machine"]
+    device = machine["device"] + (f" ({machine['gpu']})" if machine.get("gpu") else "")
     return (
         f"{machine['cpus']} CPUs ({machine['processor'] or machine['platform']}), torch {machine['torch']}, "
-        f"threads {machine['threads'] or 'default'}, device {machine['device']}; {report['rounds']} interleaved "
+        f"threads {machine['threads'] or 'default'}, device {device}, size {report.get('size', 'bench')}; "
+        f"{report['rounds']} interleaved "
         f"rounds of {report['steps']} steps after {report['warmup']} warm-up steps, medians; load = number of "
         "busy background processes"
     )

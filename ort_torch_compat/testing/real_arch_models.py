@@ -24,7 +24,10 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Sequence, Tuple
 if TYPE_CHECKING:
     import torch
 
-SIZES = ("test", "bench")
+SIZES = ("test", "bench", "large")
+# "large": the compute-bound size of the GPU benchmark, a BERT-base-shaped encoder (hidden 768,
+# 12 layers, 12 heads, FFN 3072) at batch 32, sequence 128; Hugging Face recipes only.
+_LARGE_TOKENS = (32, 128)
 
 
 @dataclasses.dataclass
@@ -73,6 +76,8 @@ def _images(size: str, test_hw: int = 64, bench_hw: int = 64, test_batch: int = 
     already in the first loss (README, real architectures)."""
     import torch
 
+    if size == "large":
+        raise ValueError("the 'large' size is defined for the Hugging Face recipes only")
     hw, batch = (test_hw, test_batch) if size == "test" else (bench_hw, bench_batch)
     return torch.randn(batch, 3, hw, hw)
 
@@ -80,7 +85,7 @@ def _images(size: str, test_hw: int = 64, bench_hw: int = 64, test_batch: int = 
 def _tokens(size: str, vocab: int, test=(2, 8), bench=(8, 64)):
     import torch
 
-    batch, seq = test if size == "test" else bench
+    batch, seq = {"test": test, "bench": bench, "large": _LARGE_TOKENS}[size]
     return torch.randint(0, vocab, (batch, seq))
 
 
@@ -136,11 +141,11 @@ _VOCAB = 128
 
 
 def _hf_sizes(size: str) -> Dict[str, int]:
-    return (
-        {"hidden": 32, "layers": 2, "heads": 2, "ffn": 64}
-        if size == "test"
-        else {"hidden": 128, "layers": 2, "heads": 4, "ffn": 256}
-    )
+    return {
+        "test": {"hidden": 32, "layers": 2, "heads": 2, "ffn": 64},
+        "bench": {"hidden": 128, "layers": 2, "heads": 4, "ffn": 256},
+        "large": {"hidden": 768, "layers": 12, "heads": 12, "ffn": 3072},
+    }[size]
 
 
 def _bert(size: str) -> Built:

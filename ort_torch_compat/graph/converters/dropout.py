@@ -39,7 +39,8 @@ class Dropout(OnnxModule):
             keep = torch.rand_like(x) >= p
             y = x * keep / (1.0 - p)
         else:
-            y = ort_gradient(x, x / (1.0 - p)) if (self.ort_scaled_grad and p < 1.0) else x
+            # p == 0: the scale is 1, the surrogate the identity (four kernels saved per node)
+            y = ort_gradient(x, x / (1.0 - p)) if (self.ort_scaled_grad and 0.0 < p < 1.0) else x
             if not self.with_mask:
                 return y
             # ORT's inference-only legacy kernels (7, 10) return an all-False mask
