@@ -66,7 +66,9 @@ SKIPPED: Dict[str, str] = {
     "every file it writes",
     ".venv/bin/pip install onnxscript": "downloads onnxscript (the examples here use dynamo=False instead)",
     ".venv/bin/torchrun --nproc_per_node 8 examples/ddp_train.py --device cuda --out ddp_run": NEEDS_8_GPUS,
-    ".venv/bin/python -m pytest -q tests/test_cuda.py": NEEDS_GPU + "; the full suite above includes it",
+    ".venv/bin/python -m pytest -q tests/test_cuda.py tests/test_cuda_graphs.py": NEEDS_GPU
+    + "; the full suite above includes them",
+    "bash scripts/gpu_check.sh": NEEDS_GPU + "; run on an H100 for docs/cuda.md (its log: docs/gpu-check/)",
     ".venv/bin/ort-torch-compat compile examples/artifacts/mlp_classifier --input features=8x2 --input labels=8": "compiles for up to minutes with a C++ compiler; tests/test_background_compile.py runs the same command on a "
     "fixture",
     ".venv/bin/python scripts/benchmark.py --models lora vit bert lstm --size tiny --rounds 3 "

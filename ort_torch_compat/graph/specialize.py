@@ -71,11 +71,45 @@ def _lift_constants(module: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(module, graph)
 
 
+def _functional_values(tensor: torch.Tensor):
+    """`tolist()` of a functional tensor, element by element (each read is recorded)."""
+    if tensor.dim() == 0:
+        return tensor.item()
+    return [_functional_values(row) for row in tensor.unbind(0)]
+
+
+@contextlib.contextmanager
+def _readable_traced_values() -> Iterator[None]:
+    """`Tensor.tolist()` that works on the trace's functional tensors.
+
+    Converters read shapes, axes and pads fed as tensors with `tolist()`.  Under
+    `functionalize`, a value the graph computes (an exporter's Shape -> Gather -> Concat
+    chain feeding a Reshape) is a functional tensor without storage, whose `tolist()` raises
+    (or crashes, when 0-d).  For the trace, such tensors are read element by element; every
+    other tensor keeps torch's method.  The class attribute is process-wide: tensors of other
+    threads take the same path (functional ones only exist inside a trace)."""
+    own = "tolist" in vars(torch.Tensor)
+    original = torch.Tensor.tolist
+
+    def tolist(self: torch.Tensor):
+        return _functional_values(self) if torch._is_functional_tensor(self) else original(self)
+
+    torch.Tensor.tolist = tolist
+    try:
+        yield
+    finally:
+        if own:
+            torch.Tensor.tolist = original
+        else:
+            del torch.Tensor.tolist
+
+
 @contextlib.contextmanager
 def _trace_environment(device: torch.device) -> Iterator[None]:
-    """Aten kernels only (no oneDNN linear, which the compiler cannot lower) and no RNG drift."""
+    """Aten kernels only (no oneDNN linear, which the compiler cannot lower), no RNG drift,
+    shapes computed in the graph readable (`_readable_traced_values`)."""
     devices = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), dense_kernel.plain_aten_kernels():
+    with torch.random.fork_rng(devices=devices), dense_kernel.plain_aten_kernels(), _readable_traced_values():
         yield
 
 

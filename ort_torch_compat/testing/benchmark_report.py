@@ -39,7 +39,7 @@ def table(report: dict, markdown: bool = False) -> str:
                 label = backend
                 if backend == "ours" and "cuda_graphs" in row:
                     label += " (CUDA graphs)" if row["cuda_graphs"] else " (eager)"
-                elif backend == "ours" and not row.get("compiled", True):
+                elif backend == "ours" and not row.get("compiled", True) and report["machine"]["device"] == "cpu":
                     label += " (eager)"
                 rows.append(
                     [

@@ -27,18 +27,6 @@ def result(module: nn.Module, node: OnnxNode, inputs: Optional[Sequence[str]] = 
     )
 
 
-def host_values(tensor: torch.Tensor):
-    """A small tensor's values as Python numbers (shapes, axes, pads fed as tensors): `tolist()`,
-    except for the functional tensors of graph/specialize.py's trace, which have no storage
-    (`tolist()` refuses them, or crashes on a 0-d one): there element by element, each read
-    recorded, and the shape computation folded as the trace folds every other."""
-    if not torch._is_functional_tensor(tensor):
-        return tensor.tolist()
-    if tensor.dim() == 0:
-        return tensor.item()
-    return [host_values(row) for row in tensor.unbind(0)]
-
-
 def constant_or_none(node: OnnxNode, graph: OnnxGraph, position: int):
     """The value of input `position` when it is an initializer or Constant, else None."""
     if position >= len(node.input_values) or not node.input_values[position]:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ..converter_registry import register
-from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, host_values, result
+from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, result
 
 
 class Reshape(OnnxModule):
@@ -20,7 +20,7 @@ class Reshape(OnnxModule):
         self.shape, self.allowzero = shape, allowzero
 
     def forward(self, x: torch.Tensor, shape: torch.Tensor = None) -> torch.Tensor:
-        target = list(self.shape) if shape is None else host_values(shape)
+        target = list(self.shape) if shape is None else shape.tolist()
         if not self.allowzero:
             target = [x.shape[i] if d == 0 else d for i, d in enumerate(target)]
         return x.reshape(target)
@@ -88,7 +88,7 @@ class CenterCropPad(OnnxModule):
         self.axes = axes
 
     def forward(self, x: torch.Tensor, shape: torch.Tensor) -> torch.Tensor:
-        target = host_values(shape)
+        target = shape.tolist()
         axes = [a % x.dim() for a in self.axes] if self.axes else list(range(x.dim()))
         for axis, size in zip(axes, target):
             current = x.shape[axis]
@@ -112,7 +112,7 @@ class Col2Im(OnnxModule):
         self.dilations, self.pads, self.strides = dilations, pads, strides
 
     def forward(self, x: torch.Tensor, image_shape: torch.Tensor, block_shape: torch.Tensor) -> torch.Tensor:
-        size, block = host_values(image_shape), host_values(block_shape)
+        size, block = image_shape.tolist(), block_shape.tolist()
         rank = len(size)
         if rank != 2:
             raise NotImplementedError("Col2Im with other than 2 spatial dimensions")

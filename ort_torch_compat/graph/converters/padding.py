@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..converter_registry import register
-from ._common import OnnxGraph, OnnxModule, OnnxNode, constants_or_fed, host_values, result, scalar
+from ._common import OnnxGraph, OnnxModule, OnnxNode, constants_or_fed, result, scalar
 
 
 def _pad_axis(x: torch.Tensor, axis: int, begin: int, end: int, mode: str, value) -> torch.Tensor:
@@ -53,8 +53,8 @@ class Pad(OnnxModule):
     def forward(
         self, x: torch.Tensor, pads: torch.Tensor = None, constant_value: torch.Tensor = None, axes: torch.Tensor = None
     ) -> torch.Tensor:
-        pads = list(self.pads) if pads is None else host_values(pads)
-        axes = self.axes if axes is None else host_values(axes)
+        pads = list(self.pads) if pads is None else pads.tolist()
+        axes = self.axes if axes is None else axes.tolist()
         axes = list(range(x.dim())) if axes is None else [a % x.dim() for a in axes]
         value = self.value if constant_value is None else constant_value.reshape(()).to(x.dtype)
         count = len(axes)

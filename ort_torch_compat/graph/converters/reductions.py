@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..converter_registry import register
-from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, host_values, result
+from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, result
 
 
 def _sum_square(x, dims, keep):
@@ -42,7 +42,7 @@ class Reduce(OnnxModule):
         self.axes, self.keepdims, self.noop = axes, keepdims, noop_with_empty_axes
 
     def forward(self, x: torch.Tensor, axes: torch.Tensor = None) -> torch.Tensor:
-        dims = self.axes if axes is None else host_values(axes)
+        dims = self.axes if axes is None else axes.tolist()
         if not dims:
             if self.noop:
                 return x

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..converter_registry import register
-from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, constants_or_fed, host_values, result
+from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, constants_or_fed, result
 
 
 def _source(x: torch.Tensor, mode: str, scale: float, in_len: int, out_len: int, roi=None) -> torch.Tensor:
@@ -88,9 +88,9 @@ class Resize(OnnxModule):
     ) -> torch.Tensor:
         rank = x.dim()
         axes = [a % rank for a in self.axes] if self.axes else list(range(rank))
-        scales = self.scales if scales is None else host_values(scales)
-        sizes = self.sizes if sizes is None else host_values(sizes)
-        roi = self.roi if roi is None else host_values(roi)
+        scales = self.scales if scales is None else scales.tolist()
+        sizes = self.sizes if sizes is None else sizes.tolist()
+        roi = self.roi if roi is None else roi.tolist()
         if sizes:
             sizes = [int(s) for s in sizes]
             if self.aspect_policy in ("not_larger", "not_smaller"):

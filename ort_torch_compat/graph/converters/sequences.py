@@ -12,7 +12,7 @@ from typing import List, Optional
 import torch
 
 from ..converter_registry import register
-from ._common import OnnxGraph, OnnxModule, OnnxNode, host_values, result
+from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 from .casting import torch_dtype
 
 
@@ -65,7 +65,7 @@ class SplitToSequence(OnnxModule):
         if split is None:  # one element per position along the axis
             parts = list(torch.split(x, 1, dim=axis))
             return parts if self.keepdims else [part.squeeze(axis) for part in parts]
-        sizes = host_values(split)
+        sizes = split.tolist()
         return list(torch.split(x, sizes, dim=axis))  # a scalar: equal chunks, the last may be smaller
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..converter_registry import register
-from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, constants_or_fed, host_values, result
+from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, constants_or_fed, result
 
 
 class Split(OnnxModule):
@@ -14,7 +14,7 @@ class Split(OnnxModule):
         self.axis, self.sizes, self.num_outputs = axis, sizes, num_outputs
 
     def forward(self, x: torch.Tensor, split: torch.Tensor = None):
-        sizes = self.sizes if split is None else host_values(split)
+        sizes = self.sizes if split is None else split.tolist()
         if sizes is None:
             length = x.shape[self.axis]
             chunk = -(-length // self.num_outputs)  # ceil: the last chunk may be smaller
@@ -86,10 +86,10 @@ class Slice(OnnxModule):
         self.starts, self.ends, self.axes, self.steps = starts, ends, axes, steps
 
     def forward(self, x: torch.Tensor, starts=None, ends=None, axes=None, steps=None) -> torch.Tensor:
-        starts = self.starts if starts is None else host_values(starts)
-        ends = self.ends if ends is None else host_values(ends)
-        axes = self.axes if axes is None else host_values(axes)
-        steps = self.steps if steps is None else host_values(steps)
+        starts = self.starts if starts is None else starts.tolist()
+        ends = self.ends if ends is None else ends.tolist()
+        axes = self.axes if axes is None else axes.tolist()
+        steps = self.steps if steps is None else steps.tolist()
         axes = list(range(len(starts))) if axes is None else axes
         steps = [1] * len(starts) if steps is None else steps
         index = [slice(None)] * x.dim()

@@ -12,7 +12,7 @@ from typing import List, Optional
 import torch
 
 from ..converter_registry import register
-from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, host_values, result
+from ._common import OnnxGraph, OnnxModule, OnnxNode, constant_or_none, result
 
 
 class _Unsqueeze(OnnxModule):
@@ -23,7 +23,7 @@ class _Unsqueeze(OnnxModule):
         self.axes = axes
 
     def forward(self, x: torch.Tensor, axes: Optional[torch.Tensor] = None) -> torch.Tensor:
-        wanted = self.axes if self.axes is not None else [int(a) for a in host_values(axes.reshape(-1))]
+        wanted = self.axes if self.axes is not None else [int(a) for a in axes.reshape(-1).tolist()]
         rank = x.dim() + len(wanted)
         for axis in sorted(a + rank if a < 0 else a for a in wanted):
             x = x.unsqueeze(axis)
