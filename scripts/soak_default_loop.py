@@ -1,12 +1,15 @@
 """A training loop with default settings from a cold compile cache, against compilation off.
 
-    python scripts/soak_default_loop.py ARTIFACT_DIR [ARTIFACT_DIR ...] [--seconds 300]
+    python scripts/soak_default_loop.py ARTIFACT_DIR [ARTIFACT_DIR ...] [--seconds 300] [--compare-steps N]
 
 For each artifact directory (training_model.onnx, optimizer_model.onnx, checkpoint, and
 inputs.npz with the feeds by input name, as scripts/benchmark.py writes them): a fresh
 process trains with default settings (compile "auto", an empty cache of its own) for
 `--seconds`, the plain loop `module(*feeds); optimizer.step(); module.lazy_reset_grad()`;
-then a second fresh process runs the same number of steps with ORT_TORCH_COMPAT_COMPILE=off.
+then a second fresh process runs the same number of steps with ORT_TORCH_COMPAT_COMPILE=off
+(or the first N of them, `--compare-steps N`: eager steps can be 10x slower than compiled ones,
+so matching a 5-minute compiled run step for step can take an hour; N past the switch step
+still compares eager, switch and compiled steps).
 Reported per model: steps, the step at which the compiled step took over, the median and
 longest step after the first (the compiler must never stall the loop), and the largest
 difference between the two runs' losses in units of the parity tolerance
@@ -74,6 +77,7 @@ def main() -> int:
     parser.add_argument("directories", nargs="+", type=pathlib.Path)
     parser.add_argument("--seconds", type=float, default=300.0)
     parser.add_argument("--steps", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--compare-steps", type=int, default=0, help="compare the first N steps (0: all)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -87,7 +91,10 @@ def main() -> int:
             print(f"{directory.name}: default settings FAILED: {default['error']}")
             failed = True
             continue
-        off = _child(directory, "off", args.seconds, len(default["losses"]), tempfile.gettempdir())
+        compared = len(default["losses"])
+        if args.compare_steps:
+            compared = min(compared, args.compare_steps)
+        off = _child(directory, "off", args.seconds, compared, tempfile.gettempdir())
         if "error" in off:
             print(f"{directory.name}: compilation off FAILED: {off['error']}")
             failed = True
@@ -101,6 +108,7 @@ def main() -> int:
                 {
                     "model": directory.name,
                     "steps": len(default["losses"]),
+                    "compared_steps": compared,
                     "switch_step": default["switch_step"],
                     "median_ms": round(default["median_ms"], 3),
                     "max_ms": round(default["max_ms"], 2),

@@ -14,7 +14,8 @@ a cached compilation from the first step on, otherwise start compiling at the fi
 a background process (compile_worker.py) while the steps run eagerly, and switch to the
 compiled step between two steps once it is ready, checked and faster.  Ahead of time,
 `precompile.py` (`ort-torch-compat compile`) fills the cache.  Only CPU training steps are
-compiled; other shapes than the first batch's, eval steps and CUDA run eagerly.
+compiled; other shapes than the first batch's and eval steps run eagerly, and CUDA steps are
+replayed as CUDA graphs instead (cuda_graphs.py).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import threading
 from dataclasses import dataclass
 from typing import Iterator, List, Sequence, Set
 
@@ -78,6 +79,17 @@ def _functional_values(tensor: torch.Tensor):
     return [_functional_values(row) for row in tensor.unbind(0)]
 
 
+_TENSOR_TOLIST = vars(torch.Tensor).get("tolist")  # None: inherited from torch._C.TensorBase
+_TOLIST_LOCK = threading.Lock()
+_tolist_users = 0  # traces in progress (threads may trace at once): the last one restores torch's method
+
+
+def _tolist(self: torch.Tensor):
+    if torch._is_functional_tensor(self):
+        return _functional_values(self)
+    return (_TENSOR_TOLIST or torch._C.TensorBase.tolist)(self)
+
+
 @contextlib.contextmanager
 def _readable_traced_values() -> Iterator[None]:
     """`Tensor.tolist()` that works on the trace's functional tensors.
@@ -85,23 +97,23 @@ def _readable_traced_values() -> Iterator[None]:
     Converters read shapes, axes and pads fed as tensors with `tolist()`.  Under
     `functionalize`, a value the graph computes (an exporter's Shape -> Gather -> Concat
     chain feeding a Reshape) is a functional tensor without storage, whose `tolist()` raises
-    (or crashes, when 0-d).  For the trace, such tensors are read element by element; every
-    other tensor keeps torch's method.  The class attribute is process-wide: tensors of other
-    threads take the same path (functional ones only exist inside a trace)."""
-    own = "tolist" in vars(torch.Tensor)
-    original = torch.Tensor.tolist
-
-    def tolist(self: torch.Tensor):
-        return _functional_values(self) if torch._is_functional_tensor(self) else original(self)
-
-    torch.Tensor.tolist = tolist
+    (or crashes, when 0-d).  While a trace runs, such tensors are read element by element;
+    every other tensor keeps torch's method (the class attribute is process-wide, and
+    functional tensors only exist inside a trace).  Afterwards `torch.Tensor` is as it was."""
+    global _tolist_users
+    with _TOLIST_LOCK:
+        if _tolist_users == 0:
+            torch.Tensor.tolist = _tolist
+        _tolist_users += 1
     try:
         yield
     finally:
-        if own:
-            torch.Tensor.tolist = original
-        else:
-            del torch.Tensor.tolist
+        with _TOLIST_LOCK:
+            _tolist_users -= 1
+            if _tolist_users == 0 and _TENSOR_TOLIST is None:
+                del torch.Tensor.tolist
+            elif _tolist_users == 0:
+                torch.Tensor.tolist = _TENSOR_TOLIST
 
 
 @contextlib.contextmanager
