@@ -210,9 +210,10 @@ class TrainStepGraphs:
         accumulate: bool,
         observe: Optional[Callable[[torch.Tensor, torch.Tensor], None]] = None,
     ) -> Optional[List[torch.Tensor]]:
-        """One train step on `feeds` through the graphs (outputs, gradients written and
-        bound as `.grad`), or None where this step must run eagerly (a refused signature,
-        or the first step of a signature, which the engine's eager path runs)."""
+        """One train step on `feeds`: the outputs, with the gradients written into the flat
+        buffers and bound as `.grad`.  The first step of a signature (and variant) runs the
+        recorded code eagerly, later ones replay the graph.  None where the engine's eager
+        path must run the step: a signature whose recording failed, or one too many."""
         key = tuple((tuple(t.shape), t.dtype) for t in feeds)
         entry = self._signatures.get(key, False)
         if entry is None:
@@ -227,8 +228,8 @@ class TrainStepGraphs:
         torch._foreach_copy_(entry.feeds, list(feeds))
         variant = (key, accumulate)
         if variant not in self._warm:  # the eager run of exactly what is captured next time
-            self._warm.add(variant)
             outputs, grads = self.streams.run(lambda: self._body(entry, accumulate))
+            self._warm.add(variant)
         else:
             if accumulate not in entry.recorders and not self._capture(key, entry, accumulate):
                 return None
