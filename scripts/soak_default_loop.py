@@ -7,9 +7,9 @@ inputs.npz with the feeds by input name, as scripts/benchmark.py writes them): a
 process trains with default settings (compile "auto", an empty cache of its own) for
 `--seconds`, the plain loop `module(*feeds); optimizer.step(); module.lazy_reset_grad()`;
 then a second fresh process runs the same number of steps with ORT_TORCH_COMPAT_COMPILE=off
-(or the first N of them, `--compare-steps N`: eager steps can be 10x slower than compiled ones,
-so matching a 5-minute compiled run step for step can take an hour; N past the switch step
-still compares eager, switch and compiled steps).
+(or, with `--compare-steps N`, the steps up to N past the switch to the compiled step: eager
+steps can be 10x slower than compiled ones, so matching a 5-minute compiled run step for step
+can take an hour, while the eager steps, the switch and N compiled steps show what can differ).
 Reported per model: steps, the step at which the compiled step took over, the median and
 longest step after the first (the compiler must never stall the loop), and the largest
 difference between the two runs' losses in units of the parity tolerance
@@ -77,7 +77,9 @@ def main() -> int:
     parser.add_argument("directories", nargs="+", type=pathlib.Path)
     parser.add_argument("--seconds", type=float, default=300.0)
     parser.add_argument("--steps", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--compare-steps", type=int, default=0, help="compare the first N steps (0: all)")
+    parser.add_argument(
+        "--compare-steps", type=int, default=0, help="compare the steps up to N past the switch (0: all)"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -93,7 +95,7 @@ def main() -> int:
             continue
         compared = len(default["losses"])
         if args.compare_steps:
-            compared = min(compared, args.compare_steps)
+            compared = min(compared, (default["switch_step"] or 0) + args.compare_steps)
         off = _child(directory, "off", args.seconds, compared, tempfile.gettempdir())
         if "error" in off:
             print(f"{directory.name}: compilation off FAILED: {off['error']}")
