@@ -23,8 +23,7 @@ from typing import List, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..optim import OptimizerSpec
-from ..optim.clip_grad_norm import EPSILON as CLIP_EPSILON
+from ..optim import OptimizerSpec, clip_grad_norm_
 from ..optim.common import bias_corrections, f32, float32_scalars
 from .cuda_graphs import DeviceStream, report_once
 from .parameter_store import ParameterStore
@@ -53,9 +52,6 @@ class OptimizerStepGraph:
         ]
         device = store.device
         self.scalars = torch.zeros(4, dtype=torch.float32, device=device)
-        self.max_norm = (
-            None if spec.clip_max_norm is None else torch.tensor(spec.clip_max_norm, dtype=torch.float32, device=device)
-        )
         self.staging = streams.staging(self.scalars)
         self.refused = False
         self._warm = False
@@ -84,11 +80,8 @@ class OptimizerStepGraph:
     # ---- the update --------------------------------------------------------------------------
     def _update(self) -> None:
         s = self.scalars
-        if self.max_norm is not None:  # one norm over every gradient, as ORT's InplaceClipGradNorm
-            total = sum((grad.float() * grad.float()).sum() for _, grad, _ in self.buffers)
-            coefficient = torch.clamp(self.max_norm / (total.sqrt() + CLIP_EPSILON), max=1.0)
-            for _, grad, _ in self.buffers:
-                grad.mul_(coefficient.to(grad.dtype))
+        if self.spec.clip_max_norm is not None:  # one norm over every gradient, as the eager step
+            clip_grad_norm_([grad for _, grad, _ in self.buffers], self.spec.clip_max_norm)
         if self.spec.kind == "SGD":
             for w, g, _ in self.buffers:
                 w.add_(g * s[0])

@@ -27,9 +27,8 @@ def clip_grad_norm_(grads: Iterable[Optional[torch.Tensor]], max_norm: float) ->
         flat = g.float()
         total = total + (flat * flat).sum().to(total.device)
     norm = total.sqrt()
-    coefficient = torch.clamp(
-        torch.tensor(max_norm, dtype=torch.float32, device=norm.device) / (norm + EPSILON), max=1.0
-    )
+    # max_norm rounded to float32 on the device (no host copy: a CUDA graph records this too)
+    coefficient = torch.clamp(torch.full_like(norm, max_norm) / (norm + EPSILON), max=1.0)
     for g in present:
         g.mul_(coefficient.to(device=g.device, dtype=g.dtype))
     return norm
