@@ -27,9 +27,7 @@ KEY = "0123456789abcdef" * 2
 LAYOUT = {
     "num_outputs": 1,
     "mutated": [],
-    "grad_outputs": [0],
-    "no_grad_inputs": [0],
-    "activation_strides": [[2, 1]],
+    "grad_groups": [[1]],
     "trace_constants": [],
     "eager_ms": 2.0,
     "compiled_ms": 1.0,
@@ -38,8 +36,8 @@ LAYOUT = {
 
 def _publish(root: pathlib.Path, key: str = KEY) -> pathlib.Path:
     def build(scratch: pathlib.Path) -> dict:
-        (scratch / "forward.so").write_bytes(b"\x7fELF forward" * 100)
-        (scratch / "backward.so").write_bytes(b"\x7fELF backward" * 100)
+        (scratch / "step.so").write_bytes(b"\x7fELF step" * 100)
+        (scratch / "step.json").write_bytes(b'{"nodes": []}' * 100)
         return dict(LAYOUT)
 
     return compile_cache.publish(root, key, build)
@@ -57,27 +55,27 @@ def test_a_sound_entry_opens_with_its_manifest(tmp_path):
     entry = _publish(tmp_path)
     opened = compile_cache.open_entry(tmp_path, KEY)
     assert opened.directory == entry and opened.meta["num_outputs"] == 1
-    assert set(opened.meta["files"]) == {"forward.so", "backward.so"}
+    assert set(opened.meta["files"]) == {"step.so", "step.json"}
     assert opened.meta["cpu"] == compile_cache.cpu_features()
     assert compile_cache.open_entry(tmp_path, "f" * 32) is None
     assert oct(os.stat(tmp_path).st_mode & 0o777) != oct(0o777)
 
 
 def _truncate(entry):
-    with open(entry / "forward.so", "r+b") as handle:
+    with open(entry / "step.so", "r+b") as handle:
         handle.truncate(100)
 
 
 def _flip(entry):
-    data = bytearray((entry / "backward.so").read_bytes())
+    data = bytearray((entry / "step.json").read_bytes())
     data[len(data) // 2] ^= 0x40
-    (entry / "backward.so").write_bytes(bytes(data))
+    (entry / "step.json").write_bytes(bytes(data))
 
 
 def _swap(entry):
-    forward, backward = (entry / "forward.so").read_bytes(), (entry / "backward.so").read_bytes()
-    (entry / "forward.so").write_bytes(backward)
-    (entry / "backward.so").write_bytes(forward)
+    library, extern = (entry / "step.so").read_bytes(), (entry / "step.json").read_bytes()
+    (entry / "step.so").write_bytes(extern)
+    (entry / "step.json").write_bytes(library)
 
 
 def _manifest(text):
@@ -86,7 +84,7 @@ def _manifest(text):
 
 def _edit_layout(entry):  # an edit that does not update the digest (a damaged manifest)
     meta = json.loads((entry / "meta.json").read_text())
-    meta["no_grad_inputs"] = []
+    meta["grad_groups"] = []
     (entry / "meta.json").write_text(json.dumps(meta))
 
 
@@ -102,9 +100,9 @@ def _symlink_meta(entry):
 
 def _symlink_library(entry):
     target = entry.parent / "elsewhere.so"
-    target.write_bytes((entry / "forward.so").read_bytes())
-    (entry / "forward.so").unlink()
-    os.symlink(target, entry / "forward.so")
+    target.write_bytes((entry / "step.so").read_bytes())
+    (entry / "step.so").unlink()
+    os.symlink(target, entry / "step.so")
 
 
 def _planted(entry):
@@ -116,7 +114,7 @@ def _group_writable_entry(entry):
 
 
 def _world_writable_file(entry):
-    os.chmod(entry / "forward.so", 0o666)
+    os.chmod(entry / "step.so", 0o666)
 
 
 def _other_isa(entry):

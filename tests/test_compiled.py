@@ -186,15 +186,20 @@ def test_compiled_step_matches_eager_and_loads_from_the_cache(monkeypatch):
 
 
 @pytest.mark.skipif(compiled.cxx_compiler() is None, reason="needs a C++ compiler")
-def test_compiled_step_accumulates_and_reports_step_gradients_as_eager(monkeypatch):
-    """The compiled step runs without autograd (compiled_step.CompiledTrainStep.train): steps
-    without lazy_reset_grad must add into .grad as autograd does, and the per-step gradients
-    (train_step_with_gradients, as DDP and federated clients read them) must be this step's."""
+@pytest.mark.parametrize("gradients", ["flat", "per_parameter"])
+def test_compiled_step_accumulates_and_reports_step_gradients_as_eager(monkeypatch, gradients):
+    """The compiled step runs without autograd: steps without lazy_reset_grad must add into
+    .grad as autograd does, and the per-step gradients (train_step_with_gradients, as DDP and
+    federated clients read them) must be this step's.  Both ways gradients leave the library:
+    flat into the store's gradient buffer (the engine's fast path), and per parameter
+    (CompiledTrainStep.train, where the library's layout is not the store's)."""
     monkeypatch.setenv(compile_cache.CACHE_ENV, str(TEST_CACHE))
     monkeypatch.setattr(compiled, "_FASTER", float("inf"))
     config = "cnn_ce_adamw_op17"  # compiled by the test above when run together
     eager, spec = _engine(config, **{compiled.CONFIG_KEY: "off"})
     engine, _ = _engine(config, **{compiled.CONFIG_KEY: "on"})
+    if gradients == "per_parameter":
+        monkeypatch.setattr(engine.store, "flat_groups_of", lambda lists: None)
     for step in (1, 2, 3):  # no lazy_reset_grad: every step accumulates into the first's gradients
         expected_outputs, expected_grads = eager.train_step_with_gradients(_feeds(eager, spec, step))
         outputs, grads = engine.train_step_with_gradients(_feeds(engine, spec, step))
@@ -207,6 +212,63 @@ def test_compiled_step_accumulates_and_reports_step_gradients_as_eager(monkeypat
         for name, grad in engine.gradients().items():
             torch.testing.assert_close(grad, eager.gradients()[name], rtol=1e-4, atol=1e-5)
     assert step > 1 and any(not torch.equal(grads[n], engine.gradients()[n]) for n in grads), "no accumulation seen"
+    assert engine.store.grads_bound == (gradients == "flat")
+
+
+@pytest.mark.skipif(compiled.cxx_compiler() is None, reason="needs a C++ compiler")
+def test_a_failed_compiled_step_leaves_the_gradients_as_they_were(monkeypatch):
+    monkeypatch.setenv(compile_cache.CACHE_ENV, str(TEST_CACHE))
+    monkeypatch.setattr(compiled, "_FASTER", float("inf"))
+    engine, spec = _engine("cnn_ce_adamw_op17", **{compiled.CONFIG_KEY: "on"})
+    engine.train_step(_feeds(engine, spec, 1))
+    engine.lazy_reset_grad()
+    before = {name: grad.clone() for name, grad in engine.gradients().items()}
+    step = engine.train_runner.compiled
+
+    def failing(tensors):
+        raise RuntimeError("the library failed (test)")
+
+    monkeypatch.setattr(step, "run", failing)
+    with pytest.raises(Exception, match="the library failed"):
+        engine.train_step(_feeds(engine, spec, 2))
+    for name, grad in engine.gradients().items():
+        assert torch.equal(grad, before[name])
+    monkeypatch.undo()
+    engine.train_step(_feeds(engine, spec, 2))  # still a reset pending: the step overwrites
+    expected, _ = _engine("cnn_ce_adamw_op17", **{compiled.CONFIG_KEY: "off"})
+    expected.train_step(_feeds(expected, spec, 1))
+    expected.lazy_reset_grad()
+    expected.train_step(_feeds(expected, spec, 2))
+    for name, grad in engine.gradients().items():
+        torch.testing.assert_close(grad, expected.gradients()[name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("config", ["transformer_ce_adamw_op17", "cnn_ce_sgd_op17"])
+def test_optimizer_over_flat_gradient_buffers_equals_per_parameter(config):
+    """Once gradients live in the store's flat buffers (compiled and CUDA-graph steps), the
+    optimizer steps each dtype group as one tensor; element for element that is the same
+    arithmetic as the per-parameter lists: bit-identical parameters and moments."""
+    from ort_torch_compat.engine.optimizer_engine import OptimizerEngine
+
+    runs = []
+    for bound in (False, True):
+        engine, spec = _engine(config, **{compiled.CONFIG_KEY: "off"})
+        optimizer = OptimizerEngine(str(FIXTURES / config / "optimizer_model.onnx"), engine)
+        for step in (1, 2, 3):
+            engine.train_step(_feeds(engine, spec, step))
+            if bound:
+                engine.store.bind_flat_grads(copy=True)
+            assert engine.store.grads_bound == bound
+            optimizer.step()
+            engine.lazy_reset_grad()
+        moments = engine.state.optimizer.moments
+        runs.append(
+            [p.detach().clone() for p in engine.store.trainable]
+            + [m.clone() for name in sorted(moments) for m in moments[name].values()]
+        )
+    assert len(runs[0]) == len(runs[1])
+    for unbound, bound in zip(*runs):
+        assert torch.equal(unbound, bound)
 
 
 def test_without_a_compiler_steps_run_eagerly_with_one_warning(monkeypatch, tmp_path):

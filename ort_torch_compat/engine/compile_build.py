@@ -1,9 +1,9 @@
-"""Compiling a train step: specialize, split, build, check and time; then publish the entry.
+"""Compiling a train step: specialize, trace, build, check and time; then publish the entry.
 
 graph/specialize.py turns the converted module into a functional aten graph for the first
-batch's shapes; AOTAutograd splits it into a forward graph (which also returns the
-activations the backward needs) and a backward graph; AOTInductor compiles each into a
-shared library.  After the build the compiled step is checked once against the module on
+batch's shapes; make_fx traces that graph's forward together with its autograd backward
+into one graph returning the outputs and the gradients (flat, one tensor per dtype), and
+AOTInductor compiles it into one shared library.  After the build the compiled step is checked once against the module on
 the same inputs (a disagreement refuses the entry) and both are timed: the runner uses the
 compiled step only where it is faster (convolution-heavy graphs such as ResNet-18 gain
 nothing: their time is in the same oneDNN kernels either way).  Runs in the compile worker
@@ -25,7 +25,7 @@ from torch import fx
 
 from . import compile_cache
 from .compile_key import tensor_bytes
-from .compiled_step import CompiledTrainStep, eager_train_step
+from .compiled_step import CompiledTrainStep, eager_train_step, gradient_groups
 
 if TYPE_CHECKING:
     from ..graph.specialize import SpecializedGraph
@@ -35,69 +35,51 @@ _TIMED_ROUNDS = 5  # eager/compiled step pairs timed after a cold compile
 
 
 def _compile(spec: "SpecializedGraph", tensors: Sequence[torch.Tensor], directory: pathlib.Path) -> Dict:
-    """AOTAutograd split + AOTInductor build of `spec` into `directory`; returns the layout."""
+    """One AOTInductor library for the whole train step of `spec` (forward, backward of output
+    0 seeded with ones, and the gradients) in `directory`; returns the layout.
+
+    The traced graph holds the forward and its autograd backward together, so the compiler
+    fuses across them and no activation crosses into Python between the two halves (one call
+    per step; measured on the tiny real architectures: the separate forward and backward
+    libraries cost 0.07-0.2 ms of Python per step in activation handles and gradient
+    bookkeeping, and twice the compile time)."""
     import torch._inductor  # noqa: F401  (heavy: imported only when compiling)
-    from torch._functorch.aot_autograd import aot_function, make_boxed_func
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch.fx.experimental.proxy_tensor import make_fx
 
     from ..graph.specialize import NotSpecializable
 
-    captured: Dict[str, Tuple[fx.GraphModule, list]] = {}
-
-    def capture(kind: str):
-        def compiler(graph: fx.GraphModule, example_inputs: list):
-            captured[kind] = (graph, list(example_inputs))
-            return make_boxed_func(graph)
-
-        return compiler
-
-    import torch._inductor.lowering  # noqa: F401  (its decompositions consult the lowerings)
-    from torch._inductor.decomposition import select_decomp_table
-
-    # TorchInductor's own decompositions (as torch.compile applies them): the forward and the
-    # backward graph then agree on what every saved activation means.
-    joint = aot_function(
-        spec.module,
-        fw_compiler=capture("forward"),
-        bw_compiler=capture("backward"),
-        partition_fn=min_cut_rematerialization_partition,
-        decompositions=select_decomp_table(),
-    )
     args = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
     args += [c.detach().clone() for c in spec.constants]
-    results = joint(*args)
-    grad_outputs = [i for i, value in enumerate(results) if value.requires_grad]
-    if not grad_outputs:
-        raise NotSpecializable("no output depends on a trainable parameter")
-    torch.autograd.backward([results[i] for i in grad_outputs], [torch.ones_like(results[i]) for i in grad_outputs])
-    forward_graph, forward_inputs = captured["forward"]
-    backward_graph, backward_inputs = captured["backward"]
-    backward_outputs = list(next(n for n in reversed(backward_graph.graph.nodes) if n.op == "output").args[0])
-    tangents = [n for n in backward_graph.graph.nodes if n.op == "placeholder" and n.name.startswith("tangents")]
-    if len(tangents) != len(grad_outputs):
-        raise NotSpecializable(f"backward graph takes {len(tangents)} output gradients, expected {len(grad_outputs)}")
-    _build_library(directory, "forward", forward_graph, forward_inputs)
-    # The backward library is built for the activations the forward library really returns:
-    # the compiler picks their memory layouts (channels-last convolutions...), which the
-    # traced graph does not know, and compiled code trusts the strides it was built for.
-    forward_library = torch._C._aoti.AOTIModelContainerRunnerCpu(str(directory / "forward.so"), 1)
-    with torch.no_grad():
-        activations = forward_library.run([a.detach().contiguous() for a in args])[len(results) :]
-    del forward_library
-    tangent_examples = [torch.ones(t.shape, dtype=t.dtype) for t in backward_inputs[len(activations) :]]
-    _build_library(directory, "backward", backward_graph, activations + tangent_examples)
+    groups = gradient_groups(tensors)
+    if not groups:
+        raise NotSpecializable("no input of the train step is trainable")
+
+    def whole_step(*inputs: torch.Tensor) -> List[torch.Tensor]:
+        with torch.enable_grad():
+            results = list(spec.module(*inputs))
+            loss = results[0]
+            if not loss.requires_grad:
+                raise NotSpecializable("the loss (output 0) does not depend on a trainable parameter")
+            wanted = [inputs[i] for group in groups for i in group]
+            grads = torch.autograd.grad(loss, wanted, torch.ones_like(loss), allow_unused=True)
+        flat, position = [], 0
+        for group in groups:
+            pieces = []
+            for i in group:
+                grad = grads[position]
+                pieces.append((torch.zeros_like(inputs[i]) if grad is None else grad).reshape(-1))
+                position += 1
+            flat.append(torch.cat(pieces))
+        return [r.detach() for r in results] + flat
+
+    graph = make_fx(whole_step, tracing_mode="fake")(*args)
+    _build_library(directory, "step", graph, [a.detach().contiguous() for a in args])
     for leftover in directory.iterdir():  # generated sources and objects: not needed to load
         if leftover.suffix not in (".so", ".json"):
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
         elif leftover.name.startswith("c") and "." in leftover.stem:
             leftover.unlink()
-    return {
-        "num_outputs": spec.num_outputs,
-        "mutated": spec.mutated,
-        "grad_outputs": grad_outputs,
-        "no_grad_inputs": [i for i, value in enumerate(backward_outputs) if value is None],
-        "activation_strides": [list(a.stride()) for a in activations],
-    }
+    return {"num_outputs": spec.num_outputs, "mutated": spec.mutated, "grad_groups": groups}
 
 
 def _build_library(directory: pathlib.Path, name: str, graph: fx.GraphModule, example_inputs: list) -> None:

@@ -101,8 +101,9 @@ class TrainStepRunner:
     """Runs train steps: the converted train module with autograd, or its compiled form when
     the setting and the cache allow.
 
-    `runner.train_step([*feeds, *params])` returns what `module(*feeds, *params)` returns and
-    adds the loss's gradients into the parameters' `.grad` either way.  `recipe`
+    `runner.compiled_for([*feeds, *params])` says which runs a step: the compiled step it
+    returns (whose `train` or `run` computes what `module(*feeds, *params)` computes, plus
+    the gradients), or None for `runner.eager`.  `recipe`
     rebuilds the module in the compile worker's process; `eager` (default: the module)
     computes the same as the module and runs the steps that are not compiled (the engine
     passes `graph_module.direct_calls(module)`)."""
@@ -138,14 +139,17 @@ class TrainStepRunner:
             return COMPILING
         return "compiled" if self._state == "compiled" else "eager"
 
-    def train_step(
-        self, tensors: Sequence[torch.Tensor], observe: Optional[compiled_step.Observer] = None
-    ) -> Sequence[torch.Tensor]:
-        """One train step on `tensors` (feeds, then parameters): the module's outputs, with
-        the gradient of output 0 (seeded with ones) added into the parameters' `.grad`;
-        `observe(parameter, gradient)` sees each parameter's gradient of this step."""
-        if self._state == "compiled" and _signature(tensors) == self._signature:
-            return self.compiled.train(tensors, observe)
+    def compiled_for(
+        self, tensors: Sequence[torch.Tensor], fixed: int = 0
+    ) -> Optional[compiled_step.CompiledTrainStep]:
+        """The compiled step that runs the train step on `tensors`, or None where it runs
+        eagerly; moves the setting's state on (first step, worker done, libraries loaded)
+        between two steps.  The last `fixed` tensors (the parameters, whose shapes never
+        change) are left out of the per-step signature check."""
+        if self._state == "compiled":
+            if _signature(tensors[: len(tensors) - fixed]) == self._signature[: len(self._signature) - fixed]:
+                return self.compiled
+            return None
         if self._state == "first":
             self._first(tensors)
         elif self._state == "compiling" and self._worker.done():
@@ -153,8 +157,8 @@ class TrainStepRunner:
         elif self._state == "loading" and not self._preload.is_alive():
             self._load(*self._entry)  # between two steps: no eager step is in flight
         if self._state == "compiled" and _signature(tensors) == self._signature:
-            return self.compiled.train(tensors, observe)
-        return compiled_step.eager_train_step(self.eager, tensors, observe)
+            return self.compiled
+        return None
 
     def _first(self, tensors: Sequence[torch.Tensor]) -> None:
         self._signature = _signature(tensors)

@@ -115,8 +115,13 @@ class OptimizerEngine:
             a = self.spec.attributes
             if self.spec.clip_max_norm is not None:  # one norm over every trainable gradient, as ORT
                 clip_grad_norm_([param.grad for params, _ in self._groups for param in params], self.spec.clip_max_norm)
-            for params, moments in self._groups:
-                grads = [param.grad for param in params]
+            store = self.engine.store
+            for (params, moments), group, flat_moments in zip(self._groups, store.groups.values(), self._flat_moments):
+                if store.grads_bound:  # gradients in the flat buffer (compiled steps): one tensor per group
+                    params, moments = [group.data], [[flat] for flat in flat_moments]
+                    grads = [group.grad]
+                else:
+                    grads = [param.grad for param in params]
                 if self.spec.kind == "SGD":
                     sgd_step(params, grads, lr=lr)
                 else:

@@ -121,6 +121,20 @@ class ParameterStore:
                 tensor.grad = view
         self.grads_bound = True
 
+    def flat_groups_of(self, tensor_lists: Sequence[Sequence[torch.Tensor]]) -> Optional[List[FlatGroup]]:
+        """The flat groups whose trainable parameters are exactly these lists of tensors (the
+        same tensors, in span order), every group once; None where there are none such."""
+        trainable = iter(self.trainable)
+        views = {id(group): [next(trainable) for _ in group.names] for group in self.groups.values()}
+        found: List[FlatGroup] = []
+        for tensors in tensor_lists:
+            match = [g for g in self.groups.values() if len(views[id(g)]) == len(tensors)]
+            match = [g for g in match if all(a is b for a, b in zip(views[id(g)], tensors))]
+            if not match or match[0] in found:
+                return None
+            found.append(match[0])
+        return found if len(found) == len(self.groups) else None
+
     def fill_missing_grads(self) -> None:
         """Parameters the loss does not depend on keep a zero gradient, as in ORT."""
         for tensor in self.trainable:

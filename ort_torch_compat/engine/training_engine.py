@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..errors import InvalidInputError, ModelLoadError, NominalStateError
-from .compiled_step import Observer
+from .compiled_step import CompiledTrainStep, Observer, eager_train_step
 from .cuda_graphs import DeviceStream, TrainStepGraphs, graphs_enabled
 from .device import parse_device
 from .graph_io import GraphIO, ModelGraph, classify_feeds, read_eval_graph, read_training_graph
@@ -22,7 +22,7 @@ from .graph_module import build_step_modules
 from .host_allocator import tune_host_allocator
 from .io_spec import BatchCheck, StepInput, check_inputs, names
 from .model_io import ModelSource
-from .parameter_store import bind_parameters
+from .parameter_store import FlatGroup, bind_parameters
 from .precision import precision_of, with_precision
 from .state import TrainingState
 from .step_failure import raise_explained
@@ -120,6 +120,7 @@ class TrainingEngine:
         self.eval_module: Optional[torch.nn.Module] = modules.eval
         self._eval_direct: Optional[torch.nn.Module] = modules.eval_direct
         self._accumulate = False
+        self._flat_layout: Optional[tuple] = None  # (compiled step, store groups its flat gradients fill, or None)
         self._checked: Dict[str, tuple] = {}  # step -> signature of the last inputs that passed the checks
         # CUDA: train (and optimizer) steps replayed as CUDA graphs (cuda_graphs.py)
         self.graph_streams: Optional[DeviceStream] = None
@@ -206,12 +207,21 @@ class TrainingEngine:
             try:
                 outputs = None if self._graphs is None else self._graphs.train_step(feeds, self._accumulate, observe)
                 if outputs is None:
-                    if not self._accumulate:
-                        previous_grads = [tensor.grad for tensor in self.store.trainable]
-                        self.store.release_grads()
-                    outputs = self.train_runner.train_step([*feeds, *self._train_params], observe)
-                    if not self._accumulate:
-                        self.store.fill_missing_grads()
+                    tensors = [*feeds, *self._train_params]
+                    compiled = self.train_runner.compiled_for(tensors, fixed=len(self._train_params))
+                    groups = None if compiled is None else self._flat_groups(compiled, tensors)
+                    if groups is not None:
+                        outputs = self._flat_train_step(compiled, groups, tensors, observe)
+                    else:
+                        if not self._accumulate:
+                            previous_grads = [tensor.grad for tensor in self.store.trainable]
+                            self.store.release_grads()
+                        if compiled is not None:
+                            outputs = compiled.train(tensors, observe)
+                        else:
+                            outputs = eager_train_step(self.train_runner.eager, tensors, observe)
+                        if not self._accumulate:
+                            self.store.fill_missing_grads()
             except BaseException as error:  # a failed step leaves the gradients as they were, as ORT's does
                 if previous_grads is not None:
                     for tensor, grad in zip(self.store.trainable, previous_grads):
@@ -223,6 +233,34 @@ class TrainingEngine:
                 )
         self._accumulate = True
         return [out.detach() for out in outputs]
+
+    def _flat_groups(self, compiled: CompiledTrainStep, tensors: List[torch.Tensor]) -> Optional[List[FlatGroup]]:
+        """The store's flat groups that `compiled`'s flat gradients fill, one per gradient,
+        or None where its layout is not the store's (found once per compiled step)."""
+        if self._flat_layout is None or self._flat_layout[0] is not compiled:
+            lists = [[tensors[i] for i in group] for group in compiled.grad_groups]
+            self._flat_layout = (compiled, self.store.flat_groups_of(lists))
+        return self._flat_layout[1]
+
+    def _flat_train_step(
+        self,
+        compiled: CompiledTrainStep,
+        groups: List[FlatGroup],
+        tensors: List[torch.Tensor],
+        observe: Optional[Observer],
+    ) -> List[torch.Tensor]:
+        """The compiled step, its flat gradients written into the parameters' flat gradient
+        buffers in one call per dtype: copied after a reset, added otherwise (the buffers are
+        bound only after the library ran, so a failed step leaves the gradients as they were)."""
+        outputs, flats = compiled.run(tensors)
+        if observe is not None:
+            for tensor, grad in compiled.gradients(tensors, flats):
+                observe(tensor, grad)
+        self.store.bind_flat_grads(copy=self._accumulate)
+        with torch.no_grad():
+            for group, flat in zip(groups, flats):
+                group.grad.add_(flat) if self._accumulate else group.grad.copy_(flat)
+        return outputs
 
     @threaded(lambda engine: engine.threads)
     def eval_step(self, inputs: Sequence[StepInput]) -> List[torch.Tensor]:
