@@ -1,6 +1,6 @@
 """Compiling a train step in a child process, while training goes on.
 
-Why a process: compiling (tracing, AOTAutograd, TorchInductor's code generation, then a C++
+Why a process: compiling (tracing, TorchInductor's code generation, then a C++
 compiler) takes 15 s to minutes of mostly-Python work.  A thread would hold the GIL for most
 of it and stretch every train step by up to the interpreter's switch interval; a child
 process only shares the cores (it runs at a lower priority: `nice` 10).
