@@ -349,12 +349,17 @@ def measure_window(backend: str, directory: pathlib.Path, started: float, second
         if time.time() >= deadline:
             break
     later = sorted(times[1:]) or [0.0]
+    median = later[len(later) // 2]
+    longest = max(range(1, len(times)), key=times.__getitem__, default=0)
     return {
         "steps": len(times),
         "ready_s": first_at,
-        "median_ms": 1000 * later[len(later) // 2],
+        "median_ms": 1000 * median,
         "max_ms": 1000 * later[-1],
+        "max_step": longest + 1,  # 1-based, as switch_step
         "switch_step": switch,
+        "switch_ms": None if switch is None else 1000 * times[switch - 1],
+        "over_2x_median": sum(t > 2 * median for t in times[1:]),
     }
 
 

@@ -44,6 +44,8 @@ def _compile(spec: "SpecializedGraph", tensors: Sequence[torch.Tensor], director
     libraries cost 0.07-0.2 ms of Python per step in activation handles and gradient
     bookkeeping, and twice the compile time)."""
     import torch._inductor  # noqa: F401  (heavy: imported only when compiling)
+    import torch._inductor.lowering  # noqa: F401  (its decompositions consult the lowerings)
+    from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from ..graph.specialize import NotSpecializable
@@ -72,7 +74,9 @@ def _compile(spec: "SpecializedGraph", tensors: Sequence[torch.Tensor], director
             flat.append(torch.cat(pieces))
         return [r.detach() for r in results] + flat
 
-    graph = make_fx(whole_step, tracing_mode="fake")(*args)
+    # TorchInductor's own decompositions (as torch.compile applies them before autograd): the
+    # backward is then derived from the decomposed forward, as AOTAutograd derives it.
+    graph = make_fx(whole_step, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
     _build_library(directory, "step", graph, [a.detach().contiguous() for a in args])
     for leftover in directory.iterdir():  # generated sources and objects: not needed to load
         if leftover.suffix not in (".so", ".json"):

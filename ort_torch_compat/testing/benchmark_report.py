@@ -80,7 +80,9 @@ def fresh_table(report: dict, markdown: bool = False) -> str:
         "ready s",
         "median step ms",
         "longest step ms",
+        "steps > 2x median",
         "compiled from step",
+        "switch step ms",
     ]
     rows = []
     for load, models in report["fresh_summary"].items():
@@ -100,7 +102,9 @@ def fresh_table(report: dict, markdown: bool = False) -> str:
                         f"{row['ready_s']:.1f}",
                         f"{row['median_ms']:.2f}",
                         f"{row['max_ms']:.1f}",
+                        f"{row['over_2x_median']:.0f}" if "over_2x_median" in row else "-",
                         f"{row['switch_step']:.0f}" if row.get("switch_step") else "-",
+                        f"{row['switch_ms']:.1f}" if row.get("switch_ms") is not None else "-",
                     ]
                 )
     return _render(columns, rows, markdown)
