@@ -232,7 +232,7 @@ class TrainStepRunner:
         # The entry is verified (SHA-256 of the library: hashlib releases the GIL) and the
         # library mapped and relocated (ctypes releases the GIL in dlopen) by a thread; the
         # step that switches over then finds it loaded and pays ~0.1 ms (verified inline,
-        # the step before the switch took 13-19 ms).
+        # the step before the switch took about 19 ms).
         self._entry = None
         self._preload = threading.Thread(target=self._verify_and_preload, daemon=True, name="ort_torch_compat preload")
         self._preload.start()
