@@ -112,6 +112,31 @@ def test_a_retry_of_more_threads_waits_for_idle_cores(two_threads, monkeypatch):
     assert 2 in used[4:]  # and made once a core is idle
 
 
+def test_a_busy_machine_gets_one_thread_until_cores_are_idle(two_threads, monkeypatch):
+    """The first call and the first measurements of more threads wait for idle cores too
+    (with two busy processes on 2 cores, a first step with 2 threads took 0.5-0.65 s)."""
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
+    load = [3.0]  # this process and two busy ones
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (load[0], load[0], load[0]))
+    policy = ThreadPolicy()
+    used = []
+
+    def step():
+        with policy.measured_scope("train"):
+            used.append(torch.get_num_threads())
+            time.sleep(0.01 if torch.get_num_threads() == 2 else 0.001)
+
+    for _ in range(6):
+        step()
+    assert used == [1] * 6
+    load[0] = 1.0  # the other processes ended
+    used.clear()
+    for _ in range(4):
+        step()
+    assert used == [2, 2, 2, 1]  # the larger count is measured now, then the choice runs
+    assert torch.get_num_threads() == 2  # the caller's count, restored
+
+
 def test_thread_setting_sources(monkeypatch):
     monkeypatch.delenv(threads.THREADS_ENV, raising=False)
     assert thread_setting() is None

@@ -22,8 +22,9 @@ torch code keeps its setting.  `n` is
 While a compile worker runs (compiled.py; the runner's path is then `COMPILING`), the eager
 steps use one thread fewer than the caller's count, unmeasured: the worker has a core, and
 an OpenMP region that waits for a thread sharing its core stalls for a scheduler slice
-(measured: 200 ms steps among 0.5 ms ones on 2 cores).  For the same reason a re-try of
-more threads is put off while the load average says the cores it needs are busy.
+(measured: 200 ms steps among 0.5 ms ones on 2 cores).  For the same reason the first
+call, the first measurements and every re-try of more threads than one wait while the
+load average says the cores they need are busy (one thread meanwhile).
 Results may differ in the last bits between thread counts (reductions split differently),
 within float32 rounding; fix the count for bit-for-bit reproducible runs.
 """
@@ -141,11 +142,17 @@ class ThreadPolicy:
     # ---- the measured choice ----------------------------------------------------------
     def _next(self, key: Tuple[str, int], ceiling: int) -> int:
         times = self._times.setdefault(key, {c: [] for c in _candidates(ceiling)})
+        # More than one thread only while the cores it needs look idle, from the first call
+        # on: on a busy machine OpenMP barriers wait for scheduler slices (measured with two
+        # busy processes on 2 cores: first steps of 0.5-0.65 s with 2 threads).
         if key not in self._seen:  # the first call warms caches and allocators: not a fair sample
-            return ceiling
+            return ceiling if _cores_idle(ceiling - 1) else 1
         unmeasured = [c for c, samples in times.items() if len(samples) < _SAMPLES]
         if unmeasured:
-            return min(unmeasured, key=lambda c: (len(times[c]), -c))
+            ready = [c for c in unmeasured if c == 1 or _cores_idle(c - 1)]
+            if not ready:
+                return self._chosen.get(key, 1)
+            return min(ready, key=lambda c: (len(times[c]), -c))
         best = self._chosen[key]
         if time.monotonic() >= self._retry_at:
             others = [c for c in times if c != best]
