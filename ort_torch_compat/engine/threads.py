@@ -103,6 +103,7 @@ class ThreadPolicy:
         self._seen: set = set()
         self._retry_at = 0.0
         self._chosen: Dict[Tuple[str, int], int] = {}
+        self._last: Dict[Tuple[str, int], int] = {}  # per (code path, ceiling): the count of the last measured call
         self._path = ""  # the code path measured last (eval and optimizer steps follow its choice)
 
     def count(self) -> int:
@@ -112,7 +113,8 @@ class ThreadPolicy:
             return self.fixed
         if self._path == COMPILING:  # the optimizer and eval steps leave the worker its core too
             return max(1, ceiling - 1)
-        return self._chosen.get((self._path, ceiling), ceiling)
+        key = (self._path, ceiling)
+        return self._chosen.get(key, self._last.get(key, ceiling))
 
     def scope(self) -> ContextManager[None]:
         """Run the body with this engine's count; restore the caller's count after."""
@@ -133,6 +135,7 @@ class ThreadPolicy:
             return
         key = (path, ceiling)
         count = self._next(key, ceiling)
+        self._last[key] = count  # what the optimizer and eval steps use until a choice is made
         with _with_threads(count):
             begin = time.perf_counter()
             yield
