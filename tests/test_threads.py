@@ -85,20 +85,27 @@ def test_while_a_compile_worker_runs_the_steps_leave_it_a_core(two_threads):
     assert torch.get_num_threads() == 2 and policy._times == {}  # nothing measured, the caller's count back
 
 
-def test_a_retry_of_more_threads_waits_for_idle_cores(two_threads, monkeypatch):
-    monkeypatch.setattr(threads, "_MIN_RETRY_INTERVAL_S", 0.0)
-    monkeypatch.setattr(threads, "_RETRY_SHARE", 1.0)
+def _policy_on_two_cores(monkeypatch, load: list) -> tuple:
+    """A measured policy on a 2-core machine whose load average is `load[0]`, and a train
+    step that records its thread count (two threads are the slow count)."""
     monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
-    load = [0.0]
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (load[0], load[0], load[0]))
     policy = ThreadPolicy()
-    used = []
+    used: list = []
 
     def step():
         with policy.measured_scope("train"):
             used.append(torch.get_num_threads())
             time.sleep(0.01 if torch.get_num_threads() == 2 else 0.001)
 
+    return policy, used, step
+
+
+def test_a_retry_of_more_threads_waits_for_idle_cores(two_threads, monkeypatch):
+    monkeypatch.setattr(threads, "_MIN_RETRY_INTERVAL_S", 0.0)
+    monkeypatch.setattr(threads, "_RETRY_SHARE", 1.0)
+    load = [0.0]
+    policy, used, step = _policy_on_two_cores(monkeypatch, load)
     for _ in range(7):  # warm-up, then three samples of each count: 1 wins
         step()
     load[0] = 2.0  # both cores busy (this process's thread and another process)
@@ -115,17 +122,8 @@ def test_a_retry_of_more_threads_waits_for_idle_cores(two_threads, monkeypatch):
 def test_a_busy_machine_gets_one_thread_until_cores_are_idle(two_threads, monkeypatch):
     """The first call and the first measurements of more threads wait for idle cores too
     (with two busy processes on 2 cores, a first step with 2 threads took 0.5-0.65 s)."""
-    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
     load = [3.0]  # this process and two busy ones
-    monkeypatch.setattr(threads.os, "getloadavg", lambda: (load[0], load[0], load[0]))
-    policy = ThreadPolicy()
-    used = []
-
-    def step():
-        with policy.measured_scope("train"):
-            used.append(torch.get_num_threads())
-            time.sleep(0.01 if torch.get_num_threads() == 2 else 0.001)
-
+    policy, used, step = _policy_on_two_cores(monkeypatch, load)
     for _ in range(6):
         step()
         with policy.scope():  # the optimizer step after it: no choice yet, the same count
