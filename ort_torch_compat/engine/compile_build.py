@@ -62,16 +62,10 @@ def _compile(spec: "SpecializedGraph", tensors: Sequence[torch.Tensor], director
             loss = results[0]
             if not loss.requires_grad:
                 raise NotSpecializable("the loss (output 0) does not depend on a trainable parameter")
-            wanted = [inputs[i] for group in groups for i in group]
-            grads = torch.autograd.grad(loss, wanted, torch.ones_like(loss), allow_unused=True)
-        flat, position = [], 0
-        for group in groups:
-            pieces = []
-            for i in group:
-                grad = grads[position]
-                pieces.append((torch.zeros_like(inputs[i]) if grad is None else grad).reshape(-1))
-                position += 1
-            flat.append(torch.cat(pieces))
+            wanted = [i for group in groups for i in group]
+            grads = torch.autograd.grad(loss, [inputs[i] for i in wanted], torch.ones_like(loss), allow_unused=True)
+        filled = {i: torch.zeros_like(inputs[i]) if g is None else g for i, g in zip(wanted, grads)}
+        flat = [torch.cat([filled[i].reshape(-1) for i in group]) for group in groups]
         return [r.detach() for r in results] + flat
 
     # TorchInductor's own decompositions (as torch.compile applies them before autograd): the

@@ -124,15 +124,19 @@ class ParameterStore:
     def flat_groups_of(self, tensor_lists: Sequence[Sequence[torch.Tensor]]) -> Optional[List[FlatGroup]]:
         """The flat groups whose trainable parameters are exactly these lists of tensors (the
         same tensors, in span order), every group once; None where there are none such."""
-        trainable = iter(self.trainable)
-        views = {id(group): [next(trainable) for _ in group.names] for group in self.groups.values()}
+        spans, start = [], 0  # `trainable` holds each group's views in turn
+        for group in self.groups.values():
+            spans.append((group, self.trainable[start : start + len(group.names)]))
+            start += len(group.names)
         found: List[FlatGroup] = []
         for tensors in tensor_lists:
-            match = [g for g in self.groups.values() if len(views[id(g)]) == len(tensors)]
-            match = [g for g in match if all(a is b for a, b in zip(views[id(g)], tensors))]
-            if not match or match[0] in found:
+            match = next(
+                (g for g, views in spans if len(views) == len(tensors) and all(a is b for a, b in zip(views, tensors))),
+                None,
+            )
+            if match is None or match in found:
                 return None
-            found.append(match[0])
+            found.append(match)
         return found if len(found) == len(self.groups) else None
 
     def fill_missing_grads(self) -> None:

@@ -153,9 +153,7 @@ class ThreadPolicy:
         unmeasured = [c for c, samples in times.items() if len(samples) < _SAMPLES]
         if unmeasured:
             ready = [c for c in unmeasured if c == 1 or _cores_idle(c - 1)]
-            if not ready:
-                return self._chosen.get(key, 1)
-            return min(ready, key=lambda c: (len(times[c]), -c))
+            return min(ready, key=lambda c: (len(times[c]), -c)) if ready else 1
         best = self._chosen[key]
         if time.monotonic() >= self._retry_at:
             others = [c for c in times if c != best]

@@ -257,9 +257,8 @@ class TrainingEngine:
             for tensor, grad in compiled.gradients(tensors, flats):
                 observe(tensor, grad)
         self.store.bind_flat_grads(copy=self._accumulate)
-        with torch.no_grad():
-            for group, flat in zip(groups, flats):
-                group.grad.add_(flat) if self._accumulate else group.grad.copy_(flat)
+        for group, flat in zip(groups, flats):  # plain buffers (no autograd): no no_grad scope needed
+            group.grad.add_(flat) if self._accumulate else group.grad.copy_(flat)
         return outputs
 
     @threaded(lambda engine: engine.threads)
