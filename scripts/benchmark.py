@@ -1,7 +1,7 @@
 """Step-time benchmark: onnxruntime-training 1.19.2 vs ort_torch_compat vs eager PyTorch.
 
     python scripts/benchmark.py [--models mlp cnn ... | --models all] [--background 0 2]
-        [--size bench|tiny] [--rounds 5] [--steps 30] [--warmup 10] [--threads N]
+        [--size bench|tiny] [--rounds 5] [--steps 30|1000] [--warmup 10|100] [--threads N]
         [--device cpu|cuda] [--fresh-seconds 120] [--json out.json]
     python scripts/benchmark.py --table out.json
     python scripts/measure_readme_figures.py --write --skip-quick --benchmark-json out.json   # docs/performance.md's table
@@ -469,8 +469,8 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS))
     parser.add_argument("--background", nargs="+", type=int, default=[0], help="load levels (busy processes)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=None, help="measured steps (default: 30; tiny: 1000)")
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: 10; tiny: 100)")
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads for every backend (0: defaults)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--size", choices=SIZES, default="bench")
@@ -486,6 +486,11 @@ def main() -> None:
     parser.add_argument("--table", type=pathlib.Path, default=None, help="print the table of a JSON report")
     parser.add_argument("--child", nargs=3, metavar=("BACKEND", "MODEL", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    # At tiny sizes a step is 0.1-1 ms: 30 steps are a few ms of measurement, and the first
+    # hundred steps still move (caches, the thread choice); measure a second of steady state.
+    tiny = args.size == "tiny"
+    args.steps = args.steps if args.steps is not None else (1000 if tiny else 30)
+    args.warmup = args.warmup if args.warmup is not None else (100 if tiny else 10)
     if args.child:
         backend, name, directory = args.child
         if args.window_start is not None:

@@ -186,6 +186,30 @@ def test_compiled_step_matches_eager_and_loads_from_the_cache(monkeypatch):
 
 
 @pytest.mark.skipif(compiled.cxx_compiler() is None, reason="needs a C++ compiler")
+def test_compiled_step_takes_non_contiguous_feeds(monkeypatch):
+    """The library reads dense row-major memory: a feed that is a strided view (a user's
+    transposed or sliced array) is made contiguous first, the parameters' views are not
+    copied (they are contiguous by construction)."""
+    monkeypatch.setenv(compile_cache.CACHE_ENV, str(TEST_CACHE))
+    monkeypatch.setattr(compiled, "_FASTER", float("inf"))
+    engine, spec = _engine("cnn_ce_adamw_op17", **{compiled.CONFIG_KEY: "on"})
+    feeds = _feeds(engine, spec, 1)
+    strided = [f.transpose(-1, -2).contiguous().transpose(-1, -2) if f.dim() >= 2 else f for f in feeds]
+    assert any(not f.is_contiguous() for f in strided)
+    results = []
+    for inputs in (feeds, strided):
+        outputs, grads = engine.train_step_with_gradients(inputs)
+        engine.lazy_reset_grad()
+        results.append((outputs, grads))
+    assert engine.train_runner.path == "compiled"
+    (expected_outputs, expected_grads), (outputs, grads) = results
+    for e, a in zip(expected_outputs, outputs):
+        assert torch.equal(a, e)
+    for name in grads:
+        assert torch.equal(grads[name], expected_grads[name])
+
+
+@pytest.mark.skipif(compiled.cxx_compiler() is None, reason="needs a C++ compiler")
 @pytest.mark.parametrize("gradients", ["flat", "per_parameter"])
 def test_compiled_step_accumulates_and_reports_step_gradients_as_eager(monkeypatch, gradients):
     """The compiled step runs without autograd: steps without lazy_reset_grad must add into
@@ -225,7 +249,7 @@ def test_a_failed_compiled_step_leaves_the_gradients_as_they_were(monkeypatch):
     before = {name: grad.clone() for name, grad in engine.gradients().items()}
     step = engine.train_runner.compiled
 
-    def failing(tensors):
+    def failing(tensors, contiguous_tail=0):
         raise RuntimeError("the library failed (test)")
 
     monkeypatch.setattr(step, "run", failing)

@@ -60,10 +60,12 @@ def test_the_measured_choice_follows_step_times(two_threads, monkeypatch):
     policy = ThreadPolicy()
     slow_count = [2]
 
+    def body():
+        assert torch.get_num_threads() in (1, 2)
+        time.sleep(0.02 if torch.get_num_threads() == slow_count[0] else 0.002)
+
     def step():
-        with policy.measured_scope("train"):
-            assert torch.get_num_threads() in (1, 2)
-            time.sleep(0.02 if torch.get_num_threads() == slow_count[0] else 0.002)
+        policy.run_measured("train", body)
 
     for _ in range(8):  # one warm-up call, then three samples of each count
         step()
@@ -75,13 +77,37 @@ def test_the_measured_choice_follows_step_times(two_threads, monkeypatch):
     assert policy.count() == 2
 
 
+def test_a_retry_measures_the_other_count_afresh(two_threads, monkeypatch):
+    """One re-try is a burst of fresh samples of the other count: enough to move the choice
+    when the machine changed (one sample against two stale ones could not)."""
+    monkeypatch.setattr(threads, "_MIN_RETRY_INTERVAL_S", 3600.0)  # only the re-try forced below
+    monkeypatch.setattr(threads, "_cores_idle", lambda count: True)
+    policy = ThreadPolicy()
+    slow_count = [2]
+    used: list = []
+
+    def body():
+        used.append(torch.get_num_threads())
+        time.sleep(0.02 if torch.get_num_threads() == slow_count[0] else 0.002)
+
+    for _ in range(7):  # warm-up, then three samples of each count: 1 wins
+        policy.run_measured("train", body)
+    assert policy.count() == 1
+    slow_count[0] = None  # the machine changed: 2 threads are no longer slow
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    policy._retry_at = 0.0  # the re-try is due
+    used.clear()
+    for _ in range(4):
+        policy.run_measured("train", body)
+    assert used[:3] == [2, 2, 2]  # the burst
+    assert max(policy._times[("train", 2)][2]) < 0.01  # no stale 20-ms sample left
+
+
 def test_while_a_compile_worker_runs_the_steps_leave_it_a_core(two_threads):
     policy = ThreadPolicy()
     for _ in range(5):
-        with policy.measured_scope(threads.COMPILING):
-            assert torch.get_num_threads() == 1
-        with policy.scope():  # the optimizer step after it
-            assert torch.get_num_threads() == 1
+        assert policy.run_measured(threads.COMPILING, torch.get_num_threads) == 1
+        assert policy.run(torch.get_num_threads) == 1  # the optimizer step after it
     assert torch.get_num_threads() == 2 and policy._times == {}  # nothing measured, the caller's count back
 
 
@@ -93,10 +119,12 @@ def _policy_on_two_cores(monkeypatch, load: list) -> tuple:
     policy = ThreadPolicy()
     used: list = []
 
+    def body():
+        used.append(torch.get_num_threads())
+        time.sleep(0.01 if torch.get_num_threads() == 2 else 0.001)
+
     def step():
-        with policy.measured_scope("train"):
-            used.append(torch.get_num_threads())
-            time.sleep(0.01 if torch.get_num_threads() == 2 else 0.001)
+        policy.run_measured("train", body)
 
     return policy, used, step
 
@@ -126,8 +154,7 @@ def test_a_busy_machine_gets_one_thread_until_cores_are_idle(two_threads, monkey
     policy, used, step = _policy_on_two_cores(monkeypatch, load)
     for _ in range(6):
         step()
-        with policy.scope():  # the optimizer step after it: no choice yet, the same count
-            used.append(torch.get_num_threads())
+        used.append(policy.run(torch.get_num_threads))  # the optimizer step after it: no choice yet, the same count
     assert used == [1] * 12
     load[0] = 1.0  # the other processes ended
     used.clear()

@@ -77,15 +77,22 @@ class CompiledTrainStep:
         self.grad_groups: List[List[int]] = meta["grad_groups"]
         self.constants = constants
 
-    def run(self, tensors: Sequence[torch.Tensor]) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    def run(
+        self, tensors: Sequence[torch.Tensor], contiguous_tail: int = 0
+    ) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
         """(outputs, flat gradients: one per entry of `grad_groups`) of the step on `tensors`
-        (feeds, then parameters); running statistics the step updates are written back."""
-        every = [t.contiguous() for t in tensors]
+        (feeds, then parameters); running statistics the step updates are written back.
+        The library takes contiguous tensors: the last `contiguous_tail` are known to be
+        (the parameter store's views), the others are made so."""
+        head = len(tensors) - contiguous_tail
+        every = [t.contiguous() for t in tensors[:head]]
+        every += tensors[head:]
         every += self.constants
-        with torch.no_grad():
-            results = self.library.run(every)
-            for index, value in zip(self.mutated, results[self.num_outputs : self.num_results]):
-                every[index].copy_(value)
+        results = self.library.run(every)  # a C++ call: nothing for autograd to record
+        if self.mutated:
+            with torch.no_grad():
+                for index, value in zip(self.mutated, results[self.num_outputs : self.num_results]):
+                    every[index].copy_(value)
         return results[: self.num_outputs], results[self.num_results :]
 
     def gradients(

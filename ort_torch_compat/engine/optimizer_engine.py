@@ -54,6 +54,9 @@ class OptimizerEngine:
             raise ModelMismatchError(f"checkpoint state cannot be used with {name}: {problem}")
         self._groups: Optional[List[Tuple[List[torch.Tensor], List[List[torch.Tensor]]]]] = None
         self._flat_moments: List[List[torch.Tensor]] = []  # per dtype group, per moment kind
+        # per dtype group: ([flat parameters], [[flat moment] per kind], [flat gradient]), made
+        # at the first step with bound gradients (the flat tensors never change after)
+        self._flat_args: Optional[List[Tuple[List[torch.Tensor], List[List[torch.Tensor]], List[torch.Tensor]]]] = None
         self._graph: Optional[OptimizerStepGraph] = None  # CUDA graphs (optimizer_graphs.py), once materialized
         if engine.tf32 is not None:  # CUDA: the engine's TF32 setting (precision.py); CPU: unwrapped
             self.step = with_precision(self.step, engine.tf32)
@@ -116,12 +119,16 @@ class OptimizerEngine:
             if self.spec.clip_max_norm is not None:  # one norm over every trainable gradient, as ORT
                 clip_grad_norm_([param.grad for params, _ in self._groups for param in params], self.spec.clip_max_norm)
             store = self.engine.store
-            for (params, moments), group, flat_moments in zip(self._groups, store.groups.values(), self._flat_moments):
-                if store.grads_bound:  # gradients in the flat buffer (compiled steps): one tensor per group
-                    params, moments = [group.data], [[flat] for flat in flat_moments]
-                    grads = [group.grad]
-                else:
-                    grads = [param.grad for param in params]
+            if store.grads_bound:  # gradients in the flat buffer (compiled steps): one tensor per group
+                if self._flat_args is None:
+                    self._flat_args = [
+                        ([group.data], [[flat] for flat in flat_moments], [group.grad])
+                        for group, flat_moments in zip(store.groups.values(), self._flat_moments)
+                    ]
+                arguments = self._flat_args
+            else:
+                arguments = [(params, moments, [param.grad for param in params]) for params, moments in self._groups]
+            for params, moments, grads in arguments:
                 if self.spec.kind == "SGD":
                     sgd_step(params, grads, lr=lr)
                 else:

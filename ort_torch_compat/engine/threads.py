@@ -31,11 +31,10 @@ within float32 rounding; fix the count for bit-for-bit reproducible runs.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import time
-from typing import Callable, ContextManager, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 import torch
 
@@ -44,6 +43,7 @@ _SAMPLES = 3  # measurements per candidate before it counts; the median of the l
 _RETRY_SHARE = 0.02  # at most this share of the training time goes to re-trying a slower count
 _MIN_RETRY_INTERVAL_S = 5.0
 COMPILING = "compiling"  # the runner's path while its compile worker holds a core
+T = TypeVar("T")
 
 
 def thread_setting(session_options: object = None) -> Optional[int]:
@@ -80,29 +80,18 @@ def _candidates(ceiling: int) -> List[int]:
     return sorted({1, ceiling} | ({ceiling // 2} if ceiling >= 4 else set()))
 
 
-@contextlib.contextmanager
-def _with_threads(count: int) -> Iterator[None]:
-    """torch's intra-op thread count is `count` inside, the caller's again after."""
-    previous = torch.get_num_threads()
-    if count != previous:
-        torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        if count != previous:
-            torch.set_num_threads(previous)
-
-
 class ThreadPolicy:
     """The thread count of one engine's calls (see the module docstring)."""
 
     def __init__(self, fixed: Optional[int] = None):
         self.fixed = fixed
-        # per (code path, ceiling): {count: recent step seconds}
+        # per (code path, ceiling): {count: recent step seconds, the newest last}
         self._times: Dict[Tuple[str, int], Dict[int, List[float]]] = {}
         self._seen: set = set()
+        self._complete: set = set()  # keys whose every candidate has _SAMPLES recent samples
         self._retry_at = 0.0
         self._chosen: Dict[Tuple[str, int], int] = {}
+        self._rival: Dict[Tuple[str, int], float] = {}  # per key: the best median of the counts not chosen
         self._last: Dict[Tuple[str, int], int] = {}  # per (code path, ceiling): the count of the last measured call
         self._path = ""  # the code path measured last (eval and optimizer steps follow its choice)
 
@@ -116,66 +105,100 @@ class ThreadPolicy:
         key = (self._path, ceiling)
         return self._chosen.get(key, self._last.get(key, ceiling))
 
-    def scope(self) -> ContextManager[None]:
-        """Run the body with this engine's count; restore the caller's count after."""
-        return _with_threads(self.count())
+    def run(self, function: Callable[..., T], *args, **kwargs) -> T:
+        """`function(*args, **kwargs)` with this engine's count; the caller's count after."""
+        return _call_with_threads(self.count(), function, args, kwargs)
 
-    @contextlib.contextmanager
-    def measured_scope(self, path: str) -> Iterator[None]:
-        """`scope`, plus: time the body and let the measurement steer the next choice."""
+    def run_measured(self, path: str, function: Callable[..., T], *args, **kwargs) -> T:
+        """`run`, plus: time the call and let the measurement steer the next choice.  Written
+        without context managers: it wraps every train step (two generator-based context
+        managers and a per-call list rebuild cost ~10 us a step, 5% of a tiny model's step)."""
         ceiling = torch.get_num_threads()
         if self.fixed is not None or ceiling <= 1:
-            with self.scope():
-                yield
-            return
+            return self.run(function, *args, **kwargs)
         self._path = path
         if path == COMPILING:
-            with self.scope():
-                yield
-            return
+            return self.run(function, *args, **kwargs)
         key = (path, ceiling)
         count = self._next(key, ceiling)
         self._last[key] = count  # what the optimizer and eval steps use until a choice is made
-        with _with_threads(count):
+        if count != ceiling:
+            torch.set_num_threads(count)
+        try:
             begin = time.perf_counter()
-            yield
+            result = function(*args, **kwargs)
             seconds = time.perf_counter() - begin
+        finally:
+            if count != ceiling:
+                torch.set_num_threads(ceiling)
         self._record(key, count, seconds)  # failed calls are no measurement
+        return result
 
     # ---- the measured choice ----------------------------------------------------------
     def _next(self, key: Tuple[str, int], ceiling: int) -> int:
+        if key in self._complete and time.perf_counter() < self._retry_at:
+            return self._chosen[key]  # the steady state
         times = self._times.setdefault(key, {c: [] for c in _candidates(ceiling)})
         # More than one thread only while the cores it needs look idle, from the first call
         # on: on a busy machine OpenMP barriers wait for scheduler slices (measured with two
         # busy processes on 2 cores: first steps of 0.5-0.65 s with 2 threads).
         if key not in self._seen:  # the first call warms caches and allocators: not a fair sample
             return ceiling if _cores_idle(ceiling - 1) else 1
-        unmeasured = [c for c, samples in times.items() if len(samples) < _SAMPLES]
-        if unmeasured:
+        if key not in self._complete:
+            unmeasured = [c for c, samples in times.items() if len(samples) < _SAMPLES]
             ready = [c for c in unmeasured if c == 1 or _cores_idle(c - 1)]
             return min(ready, key=lambda c: (len(times[c]), -c)) if ready else 1
         best = self._chosen[key]
-        if time.monotonic() >= self._retry_at:
-            others = [c for c in times if c != best]
-            retry = min(others, key=lambda c: _median(times[c]))
-            if retry > best and not _cores_idle(retry - best):
-                self._retry_at = time.monotonic() + _MIN_RETRY_INTERVAL_S  # busy now: ask again later
-                return best
-            return retry
-        return best
+        others = [c for c in times if c != best]
+        retry = min(others, key=lambda c: _median(times[c]))
+        if retry > best and not _cores_idle(retry - best):
+            self._retry_at = time.perf_counter() + _MIN_RETRY_INTERVAL_S  # busy now: ask again later
+            return best
+        # A re-try is a burst of fresh samples (the count's old ones are dropped): one sample
+        # against the median of three could not move the choice, and an old choice's stale
+        # samples could keep a slower count chosen (measured: an LSTM left on 2 threads, 40%
+        # slower, after one noisy step of the single thread).
+        times[retry] = []
+        self._complete.discard(key)
+        return retry
 
     def _record(self, key: Tuple[str, int], count: int, seconds: float) -> None:
         if key not in self._seen:
             self._seen.add(key)
             return
         times = self._times[key]
-        times[count] = (times[count] + [seconds])[-_SAMPLES:]
-        if all(len(samples) >= _SAMPLES for samples in times.values()):
-            best = min(times, key=lambda c: _median(times[c]))
+        samples = times[count]
+        samples.append(seconds)
+        if len(samples) > _SAMPLES:
+            del samples[0]
+        if key not in self._complete:
+            if any(len(s) < _SAMPLES for s in times.values()):
+                return
+            self._complete.add(key)
             retried = key in self._chosen and count != self._chosen[key]
-            self._chosen[key] = best
+            self._choose(key)
             if retried or self._retry_at == 0.0:
-                self._retry_at = time.monotonic() + max(_MIN_RETRY_INTERVAL_S, seconds / _RETRY_SHARE)
+                self._retry_at = time.perf_counter() + max(_MIN_RETRY_INTERVAL_S, _SAMPLES * seconds / _RETRY_SHARE)
+        elif _median(samples) > self._rival[key]:  # the chosen count got slower than another (the load changed)
+            self._choose(key)
+
+    def _choose(self, key: Tuple[str, int]) -> None:
+        """Choose the count with the lowest median; remember the runner-up's median."""
+        medians = sorted((_median(samples), count) for count, samples in self._times[key].items())
+        self._chosen[key] = medians[0][1]
+        self._rival[key] = medians[1][0]
+
+
+def _call_with_threads(count: int, function: Callable[..., T], args, kwargs) -> T:
+    """`function(*args, **kwargs)` with torch's intra-op thread count `count`, the caller's after."""
+    previous = torch.get_num_threads()
+    if count == previous:
+        return function(*args, **kwargs)
+    torch.set_num_threads(count)
+    try:
+        return function(*args, **kwargs)
+    finally:
+        torch.set_num_threads(previous)
 
 
 def threaded(policy_of: Callable[[object], ThreadPolicy], measure: Optional[Callable[[object], str]] = None):
@@ -183,19 +206,17 @@ def threaded(policy_of: Callable[[object], ThreadPolicy], measure: Optional[Call
     (the code path's name, from the instance), time it to steer the measured choice."""
 
     def decorate(method):
-        @functools.wraps(method)
-        def wrapper(self, *args, **kwargs):
-            policy = policy_of(self)
-            if measure is None or policy.fixed is not None or torch.get_num_threads() <= 1:
-                # Not measured: `scope`, minus two generator context managers per call when
-                # the count is already the caller's (most calls; they cost ~3 us).
-                count = policy.count()
-                if count == torch.get_num_threads():
-                    return method(self, *args, **kwargs)
-                with _with_threads(count):
-                    return method(self, *args, **kwargs)
-            with policy.measured_scope(measure(self)):
-                return method(self, *args, **kwargs)
+        if measure is None:
+
+            @functools.wraps(method)
+            def wrapper(self, *args, **kwargs):
+                return policy_of(self).run(method, self, *args, **kwargs)
+
+        else:
+
+            @functools.wraps(method)
+            def wrapper(self, *args, **kwargs):
+                return policy_of(self).run_measured(measure(self), method, self, *args, **kwargs)
 
         return wrapper
 

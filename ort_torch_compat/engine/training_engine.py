@@ -252,7 +252,7 @@ class TrainingEngine:
         """The compiled step, its flat gradients written into the parameters' flat gradient
         buffers in one call per dtype: copied after a reset, added otherwise (the buffers are
         bound only after the library ran, so a failed step leaves the gradients as they were)."""
-        outputs, flats = compiled.run(tensors)
+        outputs, flats = compiled.run(tensors, contiguous_tail=len(self._train_params))
         if observe is not None:
             for tensor, grad in compiled.gradients(tensors, flats):
                 observe(tensor, grad)

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import torch
 
-from .common import bias_corrections, f32, float32_scalars
+from .common import bias_correction, bias_corrections, f32, float32_scalars
 
 
 @lru_cache(maxsize=None)
@@ -73,30 +73,26 @@ def adamw_step(
     fused: Optional[bool] = None,
 ) -> None:
     """Update params and moments in place; `step` is the 1-based step ORT feeds the kernel."""
-    decays_past_zero = adam_mode == 1 and float(f32(lr) * f32(weight_decay)) >= 1.0
-    use_fused = (
-        correct_bias
-        and not decays_past_zero
-        and (fused is None or fused)
-        and bool(params)
-        and fused_available(params[0].device.type)
-    )
-    kernel = _fused if use_fused else _reference
+    hyper = fused_hyperparameters(lr, weight_decay, epsilon, alpha, beta, adam_mode) if correct_bias else None
+    use_fused = hyper is not None and fused is not False and bool(params) and fused_available(params[0].device.type)
     with torch.no_grad():
-        kernel(
-            params,
-            grads,
-            exp_avgs,
-            exp_avg_sqs,
-            lr=lr,
-            step=step,
-            alpha=alpha,
-            beta=beta,
-            epsilon=epsilon,
-            weight_decay=weight_decay,
-            adam_mode=adam_mode,
-            correct_bias=correct_bias,
-        )
+        if use_fused:
+            _fused(params, grads, exp_avgs, exp_avg_sqs, hyper, step)
+        else:
+            _reference(
+                params,
+                grads,
+                exp_avgs,
+                exp_avg_sqs,
+                lr=lr,
+                step=step,
+                alpha=alpha,
+                beta=beta,
+                epsilon=epsilon,
+                weight_decay=weight_decay,
+                adam_mode=adam_mode,
+                correct_bias=correct_bias,
+            )
 
 
 def _reference(
@@ -120,24 +116,35 @@ def _reference(
             w.addcdiv_(m, denom, value=float(-lr32))
 
 
-def _fused(
-    params, grads, exp_avgs, exp_avg_sqs, *, lr, step, alpha, beta, epsilon, weight_decay, adam_mode, correct_bias
-):
+@lru_cache(maxsize=64)
+def fused_hyperparameters(
+    lr: float, weight_decay: float, epsilon: float, alpha: float, beta: float, adam_mode: int
+) -> Optional[Tuple[float, float, float, float, float, bool]]:
+    """(lr, weight decay, eps, beta1, beta2, eps divided by sqrt(bc) each step) for torch's
+    fused kernel, the rewrite of the module docstring applied; None where it cannot be
+    applied (mode 1 with lr*wd >= 1).  Cached: they change only with the learning rate."""
     lr, wd, eps, a, b = (float(x) for x in float32_scalars(lr, weight_decay, epsilon, alpha, beta))
-    if adam_mode == 1:
-        _, bc = bias_corrections(a, b, step, True, legacy=False)
-        eps = eps / math.sqrt(float(bc))
-        shrink = 1.0 - lr * wd
-        lr, wd = lr * shrink, (wd / shrink if wd else 0.0)
+    if adam_mode != 1:
+        return lr, wd, eps, a, b, False
+    if float(f32(lr) * f32(wd)) >= 1.0:
+        return None
+    shrink = 1.0 - lr * wd
+    return lr * shrink, (wd / shrink if wd else 0.0), eps, a, b, True
+
+
+def _fused(params, grads, exp_avgs, exp_avg_sqs, hyper, step):
+    lr, wd, eps, a, b, eps_outside = hyper
+    if eps_outside:  # mode 1: eps is added after the bias correction
+        eps = eps / math.sqrt(float(bias_correction(b, step, legacy=False)))
     # The kernel only reads the step counts, and takes tensors of one device (the fused
     # kernels' rule): one step tensor serves every parameter (a tensor per parameter cost
     # ~1.5 us each, per step; so does asking each parameter for its device).
-    steps = [torch.full((), float(step), dtype=torch.float32, device=params[0].device)] * len(params) if params else []
+    steps = [torch.full((), float(step), dtype=torch.float32, device=params[0].device)] * len(params)
     torch._fused_adamw_(
-        list(params),
-        list(grads),
-        list(exp_avgs),
-        list(exp_avg_sqs),
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
         [],
         steps,
         lr=lr,
