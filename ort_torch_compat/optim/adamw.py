@@ -73,7 +73,7 @@ def adamw_step(
     fused: Optional[bool] = None,
 ) -> None:
     """Update params and moments in place; `step` is the 1-based step ORT feeds the kernel."""
-    hyper = fused_hyperparameters(lr, weight_decay, epsilon, alpha, beta, adam_mode) if correct_bias else None
+    hyper = _fused_hyperparameters(lr, weight_decay, epsilon, alpha, beta, adam_mode) if correct_bias else None
     use_fused = hyper is not None and fused is not False and bool(params) and fused_available(params[0].device.type)
     with torch.no_grad():
         if use_fused:
@@ -117,7 +117,7 @@ def _reference(
 
 
 @lru_cache(maxsize=64)
-def fused_hyperparameters(
+def _fused_hyperparameters(
     lr: float, weight_decay: float, epsilon: float, alpha: float, beta: float, adam_mode: int
 ) -> Optional[Tuple[float, float, float, float, float, bool]]:
     """(lr, weight decay, eps, beta1, beta2, eps divided by sqrt(bc) each step) for torch's
