@@ -115,6 +115,36 @@ def test_random_operators_are_not_specialized():
         specialize(engine.train_module, feeds + engine._train_params)
 
 
+class _Convolutions(nn.Module):
+    def forward(self, x, patch_w, patch_b, point_w, group_w, group_b, pad_w, pad_b):
+        x = nn.functional.conv2d(x, patch_w, patch_b, stride=4)  # a ViT's patch embedding
+        x = nn.functional.conv2d(x, point_w)  # 1x1, no bias
+        x = nn.functional.conv2d(x, group_w, group_b, groups=3)  # stays a convolution
+        return (nn.functional.conv2d(x, pad_w, pad_b, padding=1).square().mean(),)  # stays too
+
+
+@pytest.mark.parametrize("size", [16, 18])  # 18: the patch convolution drops 2 rows and columns
+def test_tiling_convolutions_become_matrix_products(size):
+    torch.manual_seed(0)
+    module = fx.symbolic_trace(_Convolutions())
+    shapes = [(8, 3, 4, 4), (8,), (6, 8, 1, 1), (6, 2, 1, 1), (6,), (4, 6, 3, 3), (4,)]
+    tensors = [torch.randn(2, 3, size, size)] + [torch.randn(*shape, requires_grad=True) for shape in shapes]
+    plain = specialize(module, tensors)
+    products = specialize(module, tensors, convolutions_as_products=True)
+
+    def convolutions(specialized) -> int:
+        return sum(node.target is torch.ops.aten.convolution.default for node in specialized.module.graph.nodes)
+
+    assert (convolutions(plain), convolutions(products)) == (4, 2)
+    results = []
+    for specialized in (plain, products):
+        copies = _clones(tensors)
+        loss = specialized.module(*copies, *specialized.constants)[0]
+        results.append([loss] + list(torch.autograd.grad(loss, copies[1:])))
+    for a, e in zip(results[1], results[0]):  # float32 sums in another order: rounding apart
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5 * e.abs().max().item())
+
+
 class _ReadsValue(nn.Module):
     def forward(self, x, w):
         return x[: int(w.detach()[0].abs().ceil())] * w
@@ -346,7 +376,7 @@ def test_a_refused_graph_is_remembered(monkeypatch, tmp_path, inline_worker):
     monkeypatch.setattr(compiled, "_reported", set())
     monkeypatch.setattr(compiled, "cxx_compiler", lambda: "c++")
 
-    def refuse(module, tensors):
+    def refuse(module, tensors, **options):
         raise NotSpecializable("the graph draws random numbers (test)")
 
     monkeypatch.setattr("ort_torch_compat.graph.specialize.specialize", refuse)
@@ -357,7 +387,7 @@ def test_a_refused_graph_is_remembered(monkeypatch, tmp_path, inline_worker):
     assert [meta["refused"] for meta in metas] == ["the graph draws random numbers (test)"]
 
     monkeypatch.setattr(compiled, "_reported", set())
-    monkeypatch.setattr("ort_torch_compat.graph.specialize.specialize", lambda *a: pytest.fail("traced again"))
+    monkeypatch.setattr("ort_torch_compat.graph.specialize.specialize", lambda *a, **k: pytest.fail("traced again"))
     again, _ = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "on"})
     with pytest.warns(compiled.CompileWarning, match="random numbers"):
         _train(again, spec, 1)

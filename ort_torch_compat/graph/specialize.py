@@ -268,11 +268,55 @@ def _fuse_erf_gelu(graph: fx.Graph, placeholders: List[fx.Node], constants: List
     graph.eliminate_dead_code()
 
 
+def _tiling_convolutions_as_products(graph: fx.Graph) -> None:
+    """Replace 2-D convolutions whose kernel tiles the image (stride equal to the kernel, no
+    padding, dilation 1, one group: a ViT's patch embedding, a 1x1 convolution) by one matrix
+    product over the tiles.  The same sums of products; what changes is the code around them:
+    on the CPU the compiled step calls oneDNN's convolution and its backward through layout
+    conversions (ViT-tiny's whole compiled step, measured: 0.43-0.48 ms with the convolution,
+    0.25-0.28 ms with the product; MobileNetV2's 1x1 convolutions 6.2 -> 5.7 ms)."""
+    aten = torch.ops.aten
+    for conv in [n for n in graph.nodes if n.op == "call_function" and n.target is aten.convolution.default]:
+        x, weight, bias, stride, padding, dilation, transposed, _, groups = conv.args
+        image, kernel = getattr(x, "meta", {}).get("val"), getattr(weight, "meta", {}).get("val")
+        if not isinstance(image, torch.Tensor) or not isinstance(kernel, torch.Tensor) or image.dim() != 4:
+            continue
+        batch, channels, height, width = image.shape
+        out_channels, _, kh, kw = kernel.shape
+        if transposed or groups != 1 or list(stride) != [kh, kw] or any(padding) or list(dilation) != [1, 1]:
+            continue
+        rows, columns = height // kh, width // kw
+        if not rows or not columns:
+            continue
+
+        def call(op, *args):
+            return graph.call_function(op, args)
+
+        with graph.inserting_before(conv):
+            if (rows * kh, columns * kw) != (height, width):  # the convolution drops the remainder
+                x = call(aten.slice.Tensor, call(aten.slice.Tensor, x, 2, 0, rows * kh), 3, 0, columns * kw)
+            tiles = call(aten.reshape.default, x, [batch, channels, rows, kh, columns, kw])
+            tiles = call(aten.permute.default, tiles, [0, 2, 4, 1, 3, 5])
+            tiles = call(aten.reshape.default, tiles, [batch * rows * columns, channels * kh * kw])
+            flat_kernel = call(aten.reshape.default, weight, [out_channels, channels * kh * kw])
+            flat_kernel = call(aten.permute.default, flat_kernel, [1, 0])
+            if bias is None:
+                product = call(aten.mm.default, tiles, flat_kernel)
+            else:
+                product = call(aten.addmm.default, bias, tiles, flat_kernel)
+            product = call(aten.reshape.default, product, [batch, rows, columns, out_channels])
+            result = call(aten.permute.default, product, [0, 3, 1, 2])
+        result.meta["val"] = conv.meta.get("val")  # the shape a following convolution reads
+        conv.replace_all_uses_with(result)
+        graph.erase_node(conv)
+
+
 def specialize(
     module: fx.GraphModule,
     example_inputs: Sequence[torch.Tensor],
     allow_random: bool = False,
     fold_constants: bool = False,
+    convolutions_as_products: bool = False,
 ) -> SpecializedGraph:
     """Trace `module(*example_inputs)` into a functional aten graph for exactly these shapes.
 
@@ -281,7 +325,9 @@ def specialize(
     `allow_random`: keep random operators (the graph then draws from torch's generators
     when it runs, as the module does: what a CUDA graph replays, see engine/cuda_graphs.py).
     `fold_constants`: compute what depends on constants alone once, here (`_fold_constants`),
-    and fuse exported exact GELUs into one op (`_fuse_erf_gelu`)."""
+    and fuse exported exact GELUs into one op (`_fuse_erf_gelu`).
+    `convolutions_as_products`: 2-D convolutions whose kernel tiles the image become matrix
+    products (`_tiling_convolutions_as_products`; for the CPU compiler)."""
     from torch.func import functionalize
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -320,6 +366,8 @@ def specialize(
     variable = {placeholders[i].name for i in range(len(example_inputs))}
     variable |= {placeholders[i].name for i in mutated}
     _check_traced(graph, variable, allow_random)
+    if convolutions_as_products:
+        _tiling_convolutions_as_products(graph)
 
     # Every output a fresh tensor (not an input, a view or another output): the compiled
     # code's output list then maps one to one onto these.
