@@ -1,7 +1,9 @@
 """The optimizer kernels of `optim/` on their own.
 
 * AdamW: the fused single-pass kernel and the term-by-term reference of ORT's formula agree
-  to float32 rounding (what optim/adamw.py promises), in both adam_modes, with weight decay.
+  to float32 rounding (what optim/adamw.py promises), in both adam_modes, with weight decay;
+  the prepared fused kernel (the engine's flat groups) is bit-identical to `adamw_step` and
+  declines what the fused kernel cannot express.
 * The bias correction 1 - coefficient**t is rounded as each ORT kernel rounds it (AdamW:
   power rounded to float32, then subtracted in float32; legacy Adam/Lamb: subtracted in
   float64, rounded once).
@@ -17,8 +19,11 @@ import numpy as np
 import pytest
 import torch
 
-from ort_torch_compat.optim import Lamb, LegacyAdam, LegacySGD, adamw_step
+from ort_torch_compat.optim import Lamb, LegacyAdam, LegacySGD, PreparedFusedAdamW, adamw_step
+from ort_torch_compat.optim.adamw import fused_available
 from ort_torch_compat.optim.common import bias_correction
+
+needs_fused_cpu_kernel = pytest.mark.skipif(not fused_available("cpu"), reason="torch < 2.4 has no fused CPU AdamW")
 
 
 @pytest.mark.parametrize("adam_mode", [0, 1])
@@ -57,6 +62,40 @@ def test_fused_adamw_matches_the_reference_formula(adam_mode):
     ):
         torch.testing.assert_close(fused_t, reference_t, rtol=1e-5, atol=1e-7)
     assert not torch.equal(runs[True][0][0], params[0]), "the parameters must have moved"
+
+
+@needs_fused_cpu_kernel
+@pytest.mark.parametrize("adam_mode", [0, 1])
+def test_prepared_fused_adamw_is_adamw_step(adam_mode):
+    """Same bits as `adamw_step` over the steps (the step count it writes in place each step
+    changes the bias correction), and a learning rate changed midway."""
+    torch.manual_seed(0)
+    start = torch.randn(300)
+    tensors = {kind: [start.clone(), torch.zeros(300), torch.zeros(300)] for kind in ("prepared", "plain")}
+    grad = torch.zeros(300)
+    prepared = PreparedFusedAdamW([tensors["prepared"][0]], [grad], [tensors["prepared"][1]], [tensors["prepared"][2]])
+    attributes = dict(alpha=0.9, beta=0.999, epsilon=1e-3, weight_decay=0.1, adam_mode=adam_mode, correct_bias=True)
+    for step in range(1, 8):
+        grad.copy_(torch.randn(300))
+        lr = 0.01 if step < 4 else 0.003
+        assert prepared(lr=lr, step=step, **attributes)
+        w, m, v = tensors["plain"]
+        adamw_step([w], [grad], [m], [v], lr=lr, step=step, **attributes)
+        for ours, theirs in zip(tensors["prepared"], tensors["plain"]):
+            assert torch.equal(ours, theirs), step
+    assert not torch.equal(tensors["prepared"][0], start)
+
+
+def test_prepared_fused_adamw_declines_what_the_fused_kernel_cannot_do():
+    w, g, m, v = (torch.ones(4) for _ in range(4))
+    prepared = PreparedFusedAdamW([w], [g], [m], [v])
+    common = dict(alpha=0.9, beta=0.999, epsilon=1e-8, step=1)
+    assert not prepared(lr=0.5, weight_decay=2.0, adam_mode=1, correct_bias=True, **common)  # lr*wd >= 1
+    assert not prepared(lr=0.1, weight_decay=0.0, adam_mode=1, correct_bias=False, **common)
+    assert torch.equal(w, torch.ones(4)) and torch.equal(m, torch.ones(4))
+    assert PreparedFusedAdamW.suits([w], [g]) == fused_available("cpu")
+    assert not PreparedFusedAdamW.suits([torch.ones(2, requires_grad=True)], [g])
+    assert not PreparedFusedAdamW.suits([], [])
 
 
 @pytest.mark.parametrize("coefficient", [0.9, 0.999])

@@ -15,7 +15,15 @@ import numpy as np
 import torch
 
 from ..errors import ModelMismatchError, NominalStateError
-from ..optim import OptimizerSpec, adamw_step, clip_grad_norm_, linear_lr_factor, parse_optimizer_model, sgd_step
+from ..optim import (
+    OptimizerSpec,
+    PreparedFusedAdamW,
+    adamw_step,
+    clip_grad_norm_,
+    linear_lr_factor,
+    parse_optimizer_model,
+    sgd_step,
+)
 from .checkpoint_io import moment_mismatch
 from .model_io import ModelSource, describe, load_model
 from .optimizer_graphs import OptimizerStepGraph
@@ -58,6 +66,21 @@ class OptimizerEngine:
         # at the first step with bound gradients (the flat tensors never change after)
         self._flat_args: Optional[List[Tuple[List[torch.Tensor], List[List[torch.Tensor]], List[torch.Tensor]]]] = None
         self._graph: Optional[OptimizerStepGraph] = None  # CUDA graphs (optimizer_graphs.py), once materialized
+        # per flat group: the fused AdamW kernel prepared over its tensors (CPU), or None
+        self._prepared: List[Optional[PreparedFusedAdamW]] = []
+        a = self.spec.attributes
+        self._adamw_attributes = (
+            {}
+            if self.spec.kind == "SGD"
+            else dict(
+                alpha=a["alpha"],
+                beta=a["beta"],
+                epsilon=a["epsilon"],
+                weight_decay=a["weight_decay"],
+                adam_mode=int(a["adam_mode"]),
+                correct_bias=bool(a["correct_bias"]),
+            )
+        )
         if engine.tf32 is not None:  # CUDA: the engine's TF32 setting (precision.py); CPU: unwrapped
             self.step = with_precision(self.step, engine.tf32)
 
@@ -115,7 +138,6 @@ class OptimizerEngine:
             if self._graph is not None and self._graph.step(lr, fed_step):
                 self.group.step = fed_step
                 return
-            a = self.spec.attributes
             if self.spec.clip_max_norm is not None:  # one norm over every trainable gradient, as ORT
                 clip_grad_norm_([param.grad for params, _ in self._groups for param in params], self.spec.clip_max_norm)
             store = self.engine.store
@@ -125,28 +147,25 @@ class OptimizerEngine:
                         ([group.data], [[flat] for flat in flat_moments], [group.grad])
                         for group, flat_moments in zip(store.groups.values(), self._flat_moments)
                     ]
-                arguments = self._flat_args
+                    self._prepared = [self._prepare(*arguments) for arguments in self._flat_args]
+                arguments, prepared = self._flat_args, self._prepared
             else:
                 arguments = [(params, moments, [param.grad for param in params]) for params, moments in self._groups]
-            for params, moments, grads in arguments:
+                prepared = [None] * len(arguments)
+            for (params, moments, grads), kernel in zip(arguments, prepared):
                 if self.spec.kind == "SGD":
                     sgd_step(params, grads, lr=lr)
-                else:
-                    adamw_step(
-                        params,
-                        grads,
-                        moments[0],
-                        moments[1],
-                        lr=lr,
-                        step=fed_step,
-                        alpha=a["alpha"],
-                        beta=a["beta"],
-                        epsilon=a["epsilon"],
-                        weight_decay=a["weight_decay"],
-                        adam_mode=int(a["adam_mode"]),
-                        correct_bias=bool(a["correct_bias"]),
-                    )
+                elif kernel is None or not kernel(lr=lr, step=fed_step, **self._adamw_attributes):
+                    adamw_step(params, grads, moments[0], moments[1], lr=lr, step=fed_step, **self._adamw_attributes)
             self.group.step = fed_step
+
+    def _prepare(
+        self, params: List[torch.Tensor], moments: List[List[torch.Tensor]], grads: List[torch.Tensor]
+    ) -> Optional[PreparedFusedAdamW]:
+        """The fused AdamW kernel prepared over one flat group's tensors, where it applies."""
+        if self.spec.kind == "SGD" or not PreparedFusedAdamW.suits(params, grads, *moments):
+            return None
+        return PreparedFusedAdamW(params, grads, moments[0], moments[1])
 
     # ---- learning rate ------------------------------------------------------------------
     def set_learning_rate(self, lr: float) -> None:

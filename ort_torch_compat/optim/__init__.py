@@ -6,7 +6,7 @@ TrainingSession (SGDOptimizer, AdamOptimizer, LambOptimizer), as functional kern
 torch optimizers over them.
 """
 
-from .adamw import adamw_step
+from .adamw import PreparedFusedAdamW, adamw_step
 from .artifact import OptimizerSpec, parse_optimizer_model
 from .clip_grad_norm import clip_grad_norm_
 from .lamb import Lamb, lamb_step
@@ -16,6 +16,7 @@ from .lr_schedule import linear_lr_factor
 from .sgd import sgd_step
 
 __all__ = [
+    "PreparedFusedAdamW",
     "adamw_step",
     "sgd_step",
     "clip_grad_norm_",
