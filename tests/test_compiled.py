@@ -145,6 +145,42 @@ def test_tiling_convolutions_become_matrix_products(size):
         torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5 * e.abs().max().item())
 
 
+class _Products(nn.Module):
+    def forward(self, h, r, x, w, head_w, head_b, wide):
+        h = torch.tanh(h @ r.t())  # 2 rows: a recurrent step at batch 2
+        h = torch.tanh(h @ r.t())
+        tokens = x @ w.t()  # 8 rows: stays a product
+        pooled = nn.functional.linear(h + tokens[:2], head_w, head_b)  # 2 rows with a bias (addmm)
+        big = h[:1] @ wide  # 1 row, too many multiply-adds: stays
+        return (pooled.square().mean() + tokens.mean() + big.mean(),)
+
+
+def test_few_row_products_become_sums():
+    torch.manual_seed(0)
+    module = fx.symbolic_trace(_Products())
+    h, x = torch.randn(2, 6), torch.randn(8, 5)
+    r, w, head_w, head_b, wide = (
+        torch.randn(*s, requires_grad=True) for s in [(6, 6), (6, 5), (3, 6), (3,), (6, 50000)]
+    )
+    tensors = [h, r, x, w, head_w, head_b, wide]
+    plain = specialize(module, tensors)
+    sums = specialize(module, tensors, few_row_products_as_sums=True)
+
+    def products(specialized) -> int:
+        targets = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+        return sum(node.target in targets for node in specialized.module.graph.nodes)
+
+    assert (products(plain), products(sums)) == (5, 2)
+    results = []
+    for specialized in (plain, sums):
+        copies = _clones(tensors)
+        loss = specialized.module(*copies, *specialized.constants)[0]
+        wanted = [copies[i] for i in (1, 3, 4, 5, 6)]  # the parameters
+        results.append([loss] + list(torch.autograd.grad(loss, wanted)))
+    for a, e in zip(results[1], results[0]):  # float32 sums in another order: rounding apart
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5 * e.abs().max().item())
+
+
 class _ReadsValue(nn.Module):
     def forward(self, x, w):
         return x[: int(w.detach()[0].abs().ceil())] * w

@@ -203,7 +203,7 @@ def build_entry(module: fx.GraphModule, tensors: Sequence[torch.Tensor], key: st
 
     begin = time.perf_counter()
     try:
-        spec = specialize(module, tensors, convolutions_as_products=True)
+        spec = specialize(module, tensors, convolutions_as_products=True, few_row_products_as_sums=True)
 
         def build(scratch: pathlib.Path) -> Dict:
             meta = _compile(spec, tensors, scratch)

@@ -311,12 +311,57 @@ def _tiling_convolutions_as_products(graph: fx.Graph) -> None:
         graph.erase_node(conv)
 
 
+FEW_ROWS = 4  # matrix products with at most this many rows become sums (`_few_row_products_as_sums`)
+FEW_ROW_MACS = 1 << 18  # ... and at most this many multiply-adds
+
+
+def _few_row_products_as_sums(graph: fx.Graph) -> None:
+    """Replace floating-point matrix products ``mm(a, b)`` / ``addmm(c, a, b)`` whose ``a``
+    has at most FEW_ROWS rows (an LSTM's recurrent product at batch 2, a classifier head on a
+    pooled batch) by ``sum(a[:, None, :] * b.T[None], -1)`` (plus ``c``).  The same sums of
+    products in another order, float32 rounding apart.  At these sizes a product is a few dot
+    products, and the GEMM library call around it costs more than the arithmetic; as a sum,
+    Inductor generates it inline, fused with the elementwise code next to it, in the forward
+    and (through autograd of the sum) the backward pass.  Measured on the compiled steps of
+    the tiny benchmark models (batch 2, one thread): LSTM 0.138 -> 0.094 ms (nine products of
+    two rows per step), BERT 0.170 -> 0.163, DistilBERT 0.183 -> 0.167, LoRA 0.150 -> 0.140
+    (the head); at 8 rows (attention's products over 8 positions) BERT and GPT-2 were 20%
+    slower, and products with 16 rows and more (tokens x features) slower again."""
+    aten = torch.ops.aten
+    for node in [
+        n for n in graph.nodes if n.op == "call_function" and n.target in (aten.mm.default, aten.addmm.default)
+    ]:
+        if node.kwargs:  # addmm's beta/alpha
+            continue
+        bias, a, b = node.args if node.target is aten.addmm.default else (None, *node.args)
+        left, right = getattr(a, "meta", {}).get("val"), getattr(b, "meta", {}).get("val")
+        if not isinstance(left, torch.Tensor) or not isinstance(right, torch.Tensor) or not left.is_floating_point():
+            continue
+        (rows, inner), columns = left.shape, right.shape[1]
+        if rows > FEW_ROWS or rows * inner * columns > FEW_ROW_MACS:
+            continue
+        with graph.inserting_before(node):
+            rows_ = graph.call_function(aten.unsqueeze.default, (a, 1))  # [rows, 1, inner]
+            columns_ = graph.call_function(
+                aten.unsqueeze.default, (graph.call_function(aten.permute.default, (b, [1, 0])), 0)
+            )
+            result = graph.call_function(
+                aten.sum.dim_IntList, (graph.call_function(aten.mul.Tensor, (rows_, columns_)), [-1])
+            )
+            if bias is not None:
+                result = graph.call_function(aten.add.Tensor, (result, bias))
+        result.meta["val"] = node.meta.get("val")
+        node.replace_all_uses_with(result)
+        graph.erase_node(node)
+
+
 def specialize(
     module: fx.GraphModule,
     example_inputs: Sequence[torch.Tensor],
     allow_random: bool = False,
     fold_constants: bool = False,
     convolutions_as_products: bool = False,
+    few_row_products_as_sums: bool = False,
 ) -> SpecializedGraph:
     """Trace `module(*example_inputs)` into a functional aten graph for exactly these shapes.
 
@@ -327,7 +372,9 @@ def specialize(
     `fold_constants`: compute what depends on constants alone once, here (`_fold_constants`),
     and fuse exported exact GELUs into one op (`_fuse_erf_gelu`).
     `convolutions_as_products`: 2-D convolutions whose kernel tiles the image become matrix
-    products (`_tiling_convolutions_as_products`; for the CPU compiler)."""
+    products (`_tiling_convolutions_as_products`; for the CPU compiler).
+    `few_row_products_as_sums`: matrix products of a few rows become sums of elementwise
+    products (`_few_row_products_as_sums`; for the CPU compiler)."""
     from torch.func import functionalize
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -368,6 +415,8 @@ def specialize(
     _check_traced(graph, variable, allow_random)
     if convolutions_as_products:
         _tiling_convolutions_as_products(graph)
+    if few_row_products_as_sums:
+        _few_row_products_as_sums(graph)
 
     # Every output a fresh tensor (not an input, a view or another output): the compiled
     # code's output list then maps one to one onto these.
