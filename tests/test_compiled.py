@@ -117,10 +117,11 @@ def test_random_operators_are_not_specialized():
 
 class _Convolutions(nn.Module):
     def forward(self, x, patch_w, patch_b, point_w, group_w, group_b, pad_w, pad_b):
-        x = nn.functional.conv2d(x, patch_w, patch_b, stride=4)  # a ViT's patch embedding
+        x = patches = nn.functional.conv2d(x, patch_w, patch_b, stride=4)  # a ViT's patch embedding
         x = nn.functional.conv2d(x, point_w)  # 1x1, no bias
         x = nn.functional.conv2d(x, group_w, group_b, groups=3)  # stays a convolution
-        return (nn.functional.conv2d(x, pad_w, pad_b, padding=1).square().mean(),)  # stays too
+        loss = nn.functional.conv2d(x, pad_w, pad_b, padding=1).square().mean()  # stays too
+        return loss, patches  # a rewritten convolution as an output
 
 
 @pytest.mark.parametrize("size", [16, 18])  # 18: the patch convolution drops 2 rows and columns
@@ -152,7 +153,7 @@ class _Products(nn.Module):
         tokens = x @ w.t()  # 8 rows: stays a product
         pooled = nn.functional.linear(h + tokens[:2], head_w, head_b)  # 2 rows with a bias (addmm)
         big = h[:1] @ wide  # 1 row, too many multiply-adds: stays
-        return (pooled.square().mean() + tokens.mean() + big.mean(),)
+        return pooled.square().mean() + tokens.mean() + big.mean(), pooled  # a rewritten product as an output
 
 
 def test_few_row_products_become_sums():

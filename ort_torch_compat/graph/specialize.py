@@ -399,6 +399,12 @@ def specialize(
             node.replace_all_uses_with(placeholders[-1])
             graph.erase_node(node)
 
+    # Rewrites for the CPU compiler, before the outputs are read (a rewritten node can be one).
+    if convolutions_as_products:
+        _tiling_convolutions_as_products(graph)
+    if few_row_products_as_sums:
+        _few_row_products_as_sums(graph)
+
     # functionalize writes input updates back as trailing copy_(input, new_value): make them outputs.
     output = next(node for node in reversed(graph.nodes) if node.op == "output")
     outputs = list(output.args[0])
@@ -413,10 +419,6 @@ def specialize(
     variable = {placeholders[i].name for i in range(len(example_inputs))}
     variable |= {placeholders[i].name for i in mutated}
     _check_traced(graph, variable, allow_random)
-    if convolutions_as_products:
-        _tiling_convolutions_as_products(graph)
-    if few_row_products_as_sums:
-        _few_row_products_as_sums(graph)
 
     # Every output a fresh tensor (not an input, a view or another output): the compiled
     # code's output list then maps one to one onto these.
