@@ -78,7 +78,7 @@ def test_prepared_fused_adamw_is_adamw_step(adam_mode):
     for step in range(1, 8):
         grad.copy_(torch.randn(300))
         lr = 0.01 if step < 4 else 0.003
-        assert prepared(lr=lr, step=step, **attributes)
+        assert prepared(lr, step, attributes)
         w, m, v = tensors["plain"]
         adamw_step([w], [grad], [m], [v], lr=lr, step=step, **attributes)
         for ours, theirs in zip(tensors["prepared"], tensors["plain"]):
@@ -89,9 +89,9 @@ def test_prepared_fused_adamw_is_adamw_step(adam_mode):
 def test_prepared_fused_adamw_declines_what_the_fused_kernel_cannot_do():
     w, g, m, v = (torch.ones(4) for _ in range(4))
     prepared = PreparedFusedAdamW([w], [g], [m], [v])
-    common = dict(alpha=0.9, beta=0.999, epsilon=1e-8, step=1)
-    assert not prepared(lr=0.5, weight_decay=2.0, adam_mode=1, correct_bias=True, **common)  # lr*wd >= 1
-    assert not prepared(lr=0.1, weight_decay=0.0, adam_mode=1, correct_bias=False, **common)
+    common = dict(alpha=0.9, beta=0.999, epsilon=1e-8, adam_mode=1)
+    assert not prepared(0.5, 1, dict(common, weight_decay=2.0, correct_bias=True))  # lr*wd >= 1
+    assert not prepared(0.1, 1, dict(common, weight_decay=0.0, correct_bias=False))
     assert torch.equal(w, torch.ones(4)) and torch.equal(m, torch.ones(4))
     assert PreparedFusedAdamW.suits([w], [g]) == fused_available("cpu")
     assert not PreparedFusedAdamW.suits([torch.ones(2, requires_grad=True)], [g])

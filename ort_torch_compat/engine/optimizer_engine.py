@@ -155,7 +155,7 @@ class OptimizerEngine:
             for (params, moments, grads), kernel in zip(arguments, prepared):
                 if self.spec.kind == "SGD":
                     sgd_step(params, grads, lr=lr)
-                elif kernel is None or not kernel(lr=lr, step=fed_step, **self._adamw_attributes):
+                elif kernel is None or not kernel(lr, fed_step, self._adamw_attributes):
                     adamw_step(params, grads, moments[0], moments[1], lr=lr, step=fed_step, **self._adamw_attributes)
             self.group.step = fed_step
 
