@@ -325,8 +325,8 @@ def _few_row_products_as_sums(graph: fx.Graph) -> None:
     and (through autograd of the sum) the backward pass.  Measured on the compiled steps of
     the tiny benchmark models (batch 2, one thread): LSTM 0.138 -> 0.094 ms (nine products of
     two rows per step), BERT 0.170 -> 0.163, DistilBERT 0.183 -> 0.167, LoRA 0.150 -> 0.140
-    (the head); at 8 rows (attention's products over 8 positions) BERT and GPT-2 were 20%
-    slower, and products with 16 rows and more (tokens x features) slower again."""
+    (the head).  Up to 8 rows (batched products included) BERT, DistilBERT, GPT-2 and Llama
+    were 20-28% slower, and small products of 16 rows and more slower again (docs/design.md)."""
     aten = torch.ops.aten
     for node in [
         n for n in graph.nodes if n.op == "call_function" and n.target in (aten.mm.default, aten.addmm.default)

@@ -167,8 +167,9 @@ class PreparedFusedAdamW:
     the step count is written through a NumPy view into a tensor made once (not a new tensor
     per step), no grad-mode switch (nothing here is tracked by autograd), the hyperparameters
     cached per learning rate.  Measured on a 1123-float group, one thread: 4.3-5.0 us per
-    step where `adamw_step` takes 9.1-9.6 (the kernel alone 2.6-2.9).  Same kernel, same arguments: results are
-    bit-identical to `adamw_step`'s.  One per optimizer: the step tensor is its own."""
+    step where `adamw_step` takes 9.1-9.6 (the kernel alone 2.6-2.9).  Same kernel, same
+    arguments: results are bit-identical to `adamw_step`'s.  One per optimizer: the step
+    tensor is its own."""
 
     def __init__(
         self,
