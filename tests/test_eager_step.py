@@ -174,3 +174,28 @@ def test_a_trace_for_the_compiler_keeps_the_time_loop():
     targets = {str(node.target) for node in traced.graph.nodes}
     assert not any("rnn" in t or "lstm" in t for t in targets)
     assert any("sigmoid" in t for t in targets)
+
+
+def test_a_traced_time_loop_projects_every_step_in_one_product():
+    """A batch-first input arrives transposed: in the graph the compiler gets, its
+    projection must stay one 2-D product, not a batched product against an expanded weight
+    (whose weight gradient is one product per time step, summed)."""
+    from torch import fx
+
+    from ort_torch_compat.graph.specialize import specialize
+
+    graph = fx.Graph()
+    x, w, r = graph.placeholder("x"), graph.placeholder("w"), graph.placeholder("r")
+    steps_first = graph.call_method("transpose", (x, 0, 1))
+    graph.output((graph.call_method("sum", (graph.call_module("lstm", (steps_first, w, r)),)),))
+    root = torch.nn.Module()
+    root.add_module(
+        "lstm", Recurrent("LSTM", 4, "forward", 0, 0, 1, [torch.sigmoid, torch.tanh, torch.tanh], None, False)
+    )
+    module = fx.GraphModule(root, graph)
+    tensors = [torch.randn(2, 3, 5, requires_grad=True), torch.randn(1, 16, 5, requires_grad=True)]
+    tensors.append(torch.randn(1, 16, 4, requires_grad=True))
+    specialized = specialize(module, tensors)
+    targets = [str(node.target) for node in specialized.module.graph.nodes]
+    assert "aten.mm.default" in targets and not any("bmm" in t for t in targets)
+    torch.testing.assert_close(specialized.module(*tensors, *specialized.constants)[0], module(*tensors)[0])

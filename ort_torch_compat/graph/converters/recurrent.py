@@ -92,7 +92,10 @@ class Recurrent(OnnxModule):
             h = initial_h[d] if initial_h is not None else x.new_zeros(batch, self.hidden)
             c = initial_c[d] if initial_c is not None else x.new_zeros(batch, self.hidden)
             peep = p[d] if p is not None else None
-            x_proj = torch.matmul(x, w[d].t())
+            # One product for every time step, as a 2-D one: a transposed (batch-first)
+            # input would otherwise make matmul a batched product against an expanded weight,
+            # whose backward is a per-step weight gradient summed afterwards.
+            x_proj = torch.matmul(x.reshape(seq * batch, x.shape[2]), w[d].t()).view(seq, batch, w.shape[1])
             if wb is not None:
                 x_proj = x_proj + wb
             steps: List[torch.Tensor] = []
