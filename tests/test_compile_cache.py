@@ -27,6 +27,7 @@ KEY = "0123456789abcdef" * 2
 LAYOUT = {
     "num_outputs": 1,
     "mutated": [],
+    "index_flag": True,
     "grad_groups": [[1]],
     "trace_constants": [],
     "eager_ms": 2.0,

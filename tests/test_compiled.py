@@ -23,6 +23,7 @@ from torch import fx, nn
 
 from ort_torch_compat.api import CheckpointState
 from ort_torch_compat.engine import TrainingEngine, compile_build, compile_cache, compile_key, compile_worker, compiled
+from ort_torch_compat.errors import InvalidInputError
 from ort_torch_compat.graph.specialize import NotSpecializable, specialize
 from ort_torch_compat.legacy import SessionOptions
 from ort_torch_compat.testing.scenario import make_batch
@@ -332,6 +333,34 @@ def test_a_failed_compiled_step_leaves_the_gradients_as_they_were(monkeypatch):
     expected.train_step(_feeds(expected, spec, 2))
     for name, grad in engine.gradients().items():
         torch.testing.assert_close(grad, expected.gradients()[name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(compiled.cxx_compiler() is None, reason="needs a C++ compiler")
+def test_an_out_of_range_label_raises_as_eager_does_and_changes_nothing(monkeypatch):
+    """TorchInductor checks an index with a C++ assertion that cannot be caught: a label out
+    of range ended the process (`terminate called ... index out of bounds`).  The compiled
+    step flags it instead (graph/index_guard.py), writes nothing back, and the eager step
+    raises the error ORT's users get; the next valid batch runs compiled again."""
+    monkeypatch.setenv(compile_cache.CACHE_ENV, str(TEST_CACHE))
+    monkeypatch.setattr(compiled, "_FASTER", float("inf"))
+    engine, spec = _engine("cnn_ce_adamw_op17", **{compiled.CONFIG_KEY: "on"})
+    engine.train_step(_feeds(engine, spec, 1))
+    assert engine.train_runner.path == "compiled" and engine.train_runner.compiled.index_flag
+    before = {name: grad.clone() for name, grad in engine.gradients().items()}
+    parameters = [p.detach().clone() for p in engine.store.trainable]
+    for label in (3, 1000, -7):  # 3 classes; -7 is not the ignored label
+        feeds = _feeds(engine, spec, 2)
+        feeds[1] = feeds[1].clone()
+        feeds[1][0] = label
+        with pytest.raises(InvalidInputError, match="labels"):
+            engine.train_step(feeds)
+        for name, grad in engine.gradients().items():
+            assert torch.equal(grad, before[name])
+        assert all(torch.equal(p, q) for p, q in zip(engine.store.trainable, parameters))
+    engine.lazy_reset_grad()
+    engine.train_step(_feeds(engine, spec, 2))
+    assert engine.train_runner.path == "compiled"
+    assert not all(torch.equal(grad, before[name]) for name, grad in engine.gradients().items())
 
 
 @pytest.mark.parametrize("config", ["transformer_ce_adamw_op17", "cnn_ce_sgd_op17"])

@@ -48,6 +48,7 @@ def _compile(spec: "SpecializedGraph", tensors: Sequence[torch.Tensor], director
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    from ..graph.index_guard import guard_indices
     from ..graph.specialize import NotSpecializable
 
     args = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
@@ -71,13 +72,14 @@ def _compile(spec: "SpecializedGraph", tensors: Sequence[torch.Tensor], director
     # TorchInductor's own decompositions (as torch.compile applies them before autograd): the
     # backward is then derived from the decomposed forward, as AOTAutograd derives it.
     graph = make_fx(whole_step, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
+    index_flag = guard_indices(graph)  # out-of-range indices: a flag, not an abort (graph/index_guard.py)
     _build_library(directory, "step", graph, [a.detach().contiguous() for a in args])
     for leftover in directory.iterdir():  # generated sources and objects: not needed to load
         if leftover.suffix not in (".so", ".json"):
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
         elif leftover.name.startswith("c") and "." in leftover.stem:
             leftover.unlink()
-    return {"num_outputs": spec.num_outputs, "mutated": spec.mutated, "grad_groups": groups}
+    return {"num_outputs": spec.num_outputs, "mutated": spec.mutated, "grad_groups": groups, "index_flag": index_flag}
 
 
 def _build_library(directory: pathlib.Path, name: str, graph: fx.GraphModule, example_inputs: list) -> None:
@@ -142,6 +144,8 @@ def _self_check(step: CompiledTrainStep, module: fx.GraphModule, tensors: Sequen
         copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
         try:
             outputs = train(copies)
+            if outputs is None:  # the compiled step's index flag (the eager step raised first, or disagrees)
+                raise RuntimeError("the compiled step found an index out of range in the first batch")
             values = [o.detach() for o in outputs] + [c.detach() for c in copies]
             values += [b.detach().clone() for b in module.buffers()]
             leaves = [c for c in copies if c.requires_grad]

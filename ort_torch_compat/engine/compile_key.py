@@ -44,13 +44,13 @@ def graph_key(module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -> str:
     capability and instruction-set extensions, the converted graph (code, each module's class, attributes and buffers),
     the source files of those classes and of the compiler path, and the inputs' shapes,
     dtypes and requires_grad flags (parameter values are inputs, not part of the key)."""
-    from ..graph import dense_kernel, specialize
+    from ..graph import dense_kernel, index_guard, specialize
 
     digest = hashlib.sha256()
     digest.update(f"{compile_cache.FORMAT}|{torch.__version__}|{torch.backends.cpu.get_cpu_capability()}".encode())
     digest.update(" ".join(compile_cache.cpu_features()).encode())
     digest.update(module.code.encode())
-    sources = {*_COMPILER_SOURCES, specialize.__file__, dense_kernel.__file__}
+    sources = {*_COMPILER_SOURCES, specialize.__file__, dense_kernel.__file__, index_guard.__file__}
     for name, sub in module.named_modules():
         sources.add(inspect.getsourcefile(type(sub)) or "")
         digest.update(f"{name}|{type(sub).__module__}.{type(sub).__qualname__}".encode())

@@ -75,13 +75,16 @@ class CompiledTrainStep:
         self.mutated: List[int] = meta["mutated"]
         self.num_results = self.num_outputs + len(self.mutated)
         self.grad_groups: List[List[int]] = meta["grad_groups"]
+        self.index_flag: bool = meta["index_flag"]  # the library's last result: every index was in range
         self.constants = constants
 
     def run(
         self, tensors: Sequence[torch.Tensor], contiguous_tail: int = 0
-    ) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    ) -> Optional[Tuple[List[torch.Tensor], List[torch.Tensor]]]:
         """(outputs, flat gradients: one per entry of `grad_groups`) of the step on `tensors`
         (feeds, then parameters); running statistics the step updates are written back.
+        None, having written nothing back, where an input's index was out of range
+        (graph/index_guard.py): the caller runs the step eagerly, which raises the error.
         The library takes contiguous tensors: the last `contiguous_tail` are known to be
         (the parameter store's views), the others are made so."""
         head = len(tensors) - contiguous_tail
@@ -89,6 +92,8 @@ class CompiledTrainStep:
         every += tensors[head:]
         every += self.constants
         results = self.library.run(every)  # a C++ call: nothing for autograd to record
+        if self.index_flag and not results.pop():
+            return None
         if self.mutated:
             with torch.no_grad():
                 for index, value in zip(self.mutated, results[self.num_outputs : self.num_results]):
@@ -108,11 +113,17 @@ class CompiledTrainStep:
                 offset += tensor.numel()
         return pairs
 
-    def train(self, tensors: Sequence[torch.Tensor], observe: Optional[Observer] = None) -> List[torch.Tensor]:
+    def train(
+        self, tensors: Sequence[torch.Tensor], observe: Optional[Observer] = None
+    ) -> Optional[List[torch.Tensor]]:
         """Outputs of the train step on `tensors` (feeds, then parameters); the gradient of
         output 0 is added into the `.grad` of every input that requires grad, and passed to
-        `observe(input, gradient)` first where given."""
-        outputs, flats = self.run(tensors)
+        `observe(input, gradient)` first where given.  None, as `run`, where an index was
+        out of range."""
+        result = self.run(tensors)
+        if result is None:
+            return None
+        outputs, flats = result
         with torch.no_grad():
             for tensor, grad in self.gradients(tensors, flats):
                 if observe is not None:
@@ -137,6 +148,7 @@ def check_layout(meta: Dict) -> None:
     if not (
         isinstance(meta.get("num_outputs"), int)
         and integers(meta.get("mutated"))
+        and isinstance(meta.get("index_flag"), bool)
         and isinstance(meta.get("grad_groups"), list)
         and all(integers(g) and g for g in meta["grad_groups"])
         and isinstance(meta.get("trace_constants"), list)

@@ -212,13 +212,13 @@ class TrainingEngine:
                     groups = None if compiled is None else self._flat_groups(compiled, tensors)
                     if groups is not None:
                         outputs = self._flat_train_step(compiled, groups, tensors, observe)
-                    else:
+                    if outputs is None:  # not compiled, another layout, or an index out of range
                         if not self._accumulate:
                             previous_grads = [tensor.grad for tensor in self.store.trainable]
                             self.store.release_grads()
-                        if compiled is not None:
+                        if compiled is not None and groups is None:
                             outputs = compiled.train(tensors, observe)
-                        else:
+                        if outputs is None:  # the eager step raises an out-of-range index's error
                             outputs = eager_train_step(self.train_runner.eager, tensors, observe)
                         if not self._accumulate:
                             self.store.fill_missing_grads()
@@ -248,11 +248,15 @@ class TrainingEngine:
         groups: List[FlatGroup],
         tensors: List[torch.Tensor],
         observe: Optional[Observer],
-    ) -> List[torch.Tensor]:
+    ) -> Optional[List[torch.Tensor]]:
         """The compiled step, its flat gradients written into the parameters' flat gradient
         buffers in one call per dtype: copied after a reset, added otherwise (the buffers are
-        bound only after the library ran, so a failed step leaves the gradients as they were)."""
-        outputs, flats = compiled.run(tensors, contiguous_tail=len(self._train_params))
+        bound only after the library ran, so a failed step leaves the gradients as they were).
+        None, having changed nothing, where an index was out of range."""
+        result = compiled.run(tensors, contiguous_tail=len(self._train_params))
+        if result is None:
+            return None
+        outputs, flats = result
         if observe is not None:
             for tensor, grad in compiled.gradients(tensors, flats):
                 observe(tensor, grad)
