@@ -63,3 +63,14 @@ def test_indexing_an_empty_dimension_is_not_compiled():
     graph = make_fx(lambda table, ids: [table[ids].sum()])(torch.randn(0, 3), torch.zeros(0, dtype=torch.int64))
     with pytest.raises(NotSpecializable, match="empty dimension"):
         guard_indices(graph)
+
+
+def test_one_index_tensor_is_checked_once_per_range_and_constants_not_at_all():
+    def step(table, other, ids):
+        fixed = torch.arange(2)  # computed from no input: in range by construction
+        return [table[ids].sum() + other[ids].sum() + table[fixed].sum()]
+
+    graph = make_fx(step)(torch.randn(5, 3), torch.randn(5, 2), torch.tensor([0, 4]))
+    assert guard_indices(graph)
+    targets = [node.target for node in graph.graph.nodes]
+    assert targets.count(torch.ops.aten.clamp.default) == 1 and targets.count(torch.ops.aten.all.default) == 1

@@ -58,6 +58,9 @@ _INDEXING: Dict[object, Callable[[fx.Node], _IndexSpec]] = {
 }
 
 
+_INTEGERS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
 def _value(node: object) -> Optional[torch.Tensor]:
     value = node.meta.get("val") if isinstance(node, fx.Node) else None
     return value if isinstance(value, torch.Tensor) else None
@@ -80,13 +83,27 @@ def _set(node: fx.Node, position: object, value: fx.Node) -> None:
     node.args = tuple(args)
 
 
+def _fed_by_inputs(graph: fx.Graph) -> set:
+    """The nodes whose value depends on a graph input (a placeholder)."""
+    fed: set = set()
+    for node in graph.nodes:
+        if node.op == "placeholder" or any(parent in fed for parent in node.all_input_nodes):
+            fed.add(node)
+    return fed
+
+
 def guard_indices(module: fx.GraphModule) -> bool:
     """Clamp every integer index of an indexing operator in `module` (in place) and append
     the all-within-range flag as its last output.  False, leaving the graph as it was,
     where it has no such index (nothing to guard); NotSpecializable where an operator
-    indexes an empty dimension (no clamp makes that safe)."""
+    indexes an empty dimension (no clamp makes that safe).  An index tensor computed from
+    constants alone is left as it is (the trace already indexed with it), and one index
+    tensor used several times with the same range (an embedding's ids in its forward and
+    its backward) is checked and clamped once."""
     graph = module.graph
     flags: List[fx.Node] = []
+    clamped: Dict[Tuple[fx.Node, int, int], fx.Node] = {}
+    fed = _fed_by_inputs(graph)
     for node in list(graph.nodes):
         spec_of = _INDEXING.get(node.target) if node.op == "call_function" else None
         operand = _value(node.args[0]) if spec_of is not None else None
@@ -96,22 +113,21 @@ def guard_indices(module: fx.GraphModule) -> bool:
         for position, dim in positions:
             index = _get(node, position)
             value = _value(index)
-            if value is None or value.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+            if value is None or value.dtype not in _INTEGERS or index not in fed:
                 continue
             size = operand.shape[dim] if operand.dim() else 1
             if not isinstance(size, int) or size == 0:  # no index is valid: keep the eager step
                 raise NotSpecializable(f"{node.target} indexes an empty dimension")
-            low, high = (-size if negative else 0), size - 1
-            with graph.inserting_before(node):
-                within = graph.call_function(
-                    aten.logical_and.default,
-                    (
-                        graph.call_function(aten.ge.Scalar, (index, low)),
-                        graph.call_function(aten.le.Scalar, (index, high)),
-                    ),
-                )
-                flags.append(graph.call_function(aten.all.default, (within,)))
-                _set(node, position, graph.call_function(aten.clamp.default, (index, low, high)))
+            bounds = (index, -size if negative else 0, size - 1)
+            if bounds not in clamped:
+                with graph.inserting_after(index):
+                    clamped[bounds] = graph.call_function(aten.clamp.default, bounds)
+                with graph.inserting_before(clamped[bounds]):
+                    above = graph.call_function(aten.ge.Scalar, (index, bounds[1]))
+                    below = graph.call_function(aten.le.Scalar, (index, bounds[2]))
+                    within = graph.call_function(aten.logical_and.default, (above, below))
+                    flags.append(graph.call_function(aten.all.default, (within,)))
+            _set(node, position, clamped[bounds])
     if not flags:
         return False
     output = next(n for n in graph.nodes if n.op == "output")
