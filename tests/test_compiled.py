@@ -500,3 +500,38 @@ def test_auto_compiles_in_the_background_from_the_first_step(monkeypatch, tmp_pa
     with pytest.warns(compiled.CompileWarning, match="compiler crashed"):
         _train(engine, spec, 1)
     assert inline_worker.started == [True, False]  # "on" waits in the foreground
+
+
+def test_pooled_intermediates_for_small_graphs_and_a_retry_without_when_the_planner_recurses(monkeypatch, tmp_path):
+    """Inductor's memory planner recursed past Python's limit on EfficientNet-B0's step
+    (5317 nodes): large graphs are built without pooling, and a graph whose pooled build
+    fails that way is built again without it (any other failure is the build's failure)."""
+    import torch._inductor
+
+    calls = []
+
+    def aot_compile(graph, inputs, options):
+        calls.append(options["memory_planning"])
+        if options["memory_planning"] and failure is not None:
+            try:
+                raise failure
+            except Exception as inner:
+                raise RuntimeError("InductorError: wrapped") from inner
+
+    monkeypatch.setattr(torch._inductor, "aot_compile", aot_compile)
+    small, large = fx.symbolic_trace(lambda x: x + 1), fx.symbolic_trace(lambda x: (x + 1) * 2)
+    monkeypatch.setattr(compile_build, "_POOLED_NODES", len(small.graph.nodes))
+
+    failure = None
+    compile_build._build_library(tmp_path, "step", small, [torch.ones(1)])
+    compile_build._build_library(tmp_path, "step", large, [torch.ones(1)])
+    assert calls == [True, False]
+    calls.clear()
+    failure = RecursionError("maximum recursion depth exceeded")
+    compile_build._build_library(tmp_path, "step", small, [torch.ones(1)])
+    assert calls == [True, False]
+    calls.clear()
+    failure = ValueError("another failure")
+    with pytest.raises(RuntimeError, match="wrapped"):
+        compile_build._build_library(tmp_path, "step", small, [torch.ones(1)])
+    assert calls == [True]

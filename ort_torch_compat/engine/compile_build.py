@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 _CHECK_RTOL, _CHECK_ATOL, _CHECK_GRAD_RTOL = 1e-3, 1e-5, 0.05
 _TIMED_ROUNDS = 5  # eager/compiled step pairs timed after a cold compile
+_POOLED_NODES = 1500  # graphs up to this size get pooled intermediates (see _build_library)
 
 
 def _compile(spec: "SpecializedGraph", tensors: Sequence[torch.Tensor], directory: pathlib.Path) -> Dict:
@@ -85,10 +86,14 @@ def _compile(spec: "SpecializedGraph", tensors: Sequence[torch.Tensor], director
 def _build_library(directory: pathlib.Path, name: str, graph: fx.GraphModule, example_inputs: list) -> None:
     """AOTInductor: `graph` for these example inputs (shapes and strides) -> directory/name.so.
 
-    Intermediates come from one pool allocated per call (`memory_planning`) instead of one
-    allocation each: at on-device sizes the allocations are a large part of the step (the
-    LSTM-tiny step allocated 90 buffers per call; pooled: 3, and the library call went from
-    0.102 to 0.079 ms, one thread; results bit-identical).  Outputs keep their own storage."""
+    Intermediates of a graph of at most `_POOLED_NODES` nodes come from one pool allocated
+    per call (`memory_planning`) instead of one allocation each: at on-device sizes the
+    allocations are a large part of the step (the LSTM-tiny step allocated 90 buffers per
+    call; pooled: 3, and the library call went from 0.102 to 0.079 ms, one thread; results
+    bit-identical).  Outputs keep their own storage.  Larger graphs (the convolutional
+    networks: 2000-5000 nodes, their time in large kernels) gain nothing from it, and
+    Inductor's planner recurses past Python's limit on EfficientNet-B0 (5317 nodes); where
+    it does so on a smaller graph, the library is built again without pooling."""
     import torch._inductor
 
     before = set(directory.glob("*.wrapper.json"))
@@ -97,14 +102,30 @@ def _build_library(directory: pathlib.Path, name: str, graph: fx.GraphModule, ex
         "aot_inductor.output_path": str(directory / f"{name}.so"),
         "cpp.dynamic_threads": True,
         "cpp.threads": threads,
-        "memory_planning": True,
+        "memory_planning": len(graph.graph.nodes) <= _POOLED_NODES,
         "memory_pool": "intermediates",
     }
-    torch._inductor.aot_compile(graph, tuple(example_inputs), options=options)
+    try:
+        torch._inductor.aot_compile(graph, tuple(example_inputs), options=options)
+    except Exception as error:  # noqa: BLE001  (Inductor wraps it: InductorError(RecursionError))
+        if not options["memory_planning"] or not _caused_by(error, RecursionError):
+            raise
+        torch._inductor.aot_compile(graph, tuple(example_inputs), options={**options, "memory_planning": False})
     # Operators without a C shim run through a proxy executor described by a JSON file,
     # which the runner looks for next to the library, under the library's name.
     for extern in set(directory.glob("*.wrapper.json")) - before:
         shutil.copyfile(extern, directory / f"{name}.json")
+
+
+def _caused_by(error: BaseException, kind: type) -> bool:
+    """Whether `error` or an exception it was raised from or during is a `kind`."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, kind):
+            return True
+        seen.add(id(error))
+        error = getattr(error, "inner_exception", None) or error.__cause__ or error.__context__
+    return False
 
 
 def _elementwise_excess(actual: torch.Tensor, expected: torch.Tensor) -> float:
