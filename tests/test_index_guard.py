@@ -74,3 +74,26 @@ def test_one_index_tensor_is_checked_once_per_range_and_constants_not_at_all():
     assert guard_indices(graph)
     targets = [node.target for node in graph.graph.nodes]
     assert targets.count(torch.ops.aten.clamp.default) == 1 and targets.count(torch.ops.aten.all.default) == 1
+
+
+def test_indices_the_graph_computes_are_not_guarded_and_floats_cast_to_indices_are():
+    """A max-pool's backward scatters through offsets computed from the activations (in
+    range by construction: guarding them cost the CNN's compiled step 17%); a float input
+    cast to an index is the caller's value like a token id."""
+    import torch._inductor.lowering  # noqa: F401  (the decompositions consult the lowerings)
+    from torch._inductor.decomposition import select_decomp_table
+
+    def pooled(x):
+        x = x.detach().requires_grad_()
+        y = torch.nn.functional.max_pool2d(x, 2)
+        return list(torch.autograd.grad(y.sum(), x))
+
+    with torch.enable_grad():
+        graph = make_fx(pooled, decomposition_table=select_decomp_table())(torch.randn(1, 2, 4, 4))
+    targets = {str(node.target) for node in graph.graph.nodes}
+    assert any("scatter" in t or "index_put" in t for t in targets)  # the backward indexes
+    assert not guard_indices(graph)
+
+    cast = make_fx(lambda table, position: [table[position.long()].sum()])(torch.randn(5, 3), torch.tensor([1.0, 4.0]))
+    assert guard_indices(cast)
+    assert not bool(cast(torch.randn(5, 3), torch.tensor([1.0, 7.0]))[-1])
