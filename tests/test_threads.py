@@ -116,6 +116,7 @@ def _policy_on_two_cores(monkeypatch, load: list) -> tuple:
     step that records its thread count (two threads are the slow count)."""
     monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (load[0], load[0], load[0]))
+    monkeypatch.setattr(threads, "_LOAD_READ_INTERVAL_S", 0.0)  # read the load at every question
     policy = ThreadPolicy()
     used: list = []
 
@@ -177,3 +178,15 @@ def test_thread_setting_sources(monkeypatch):
     monkeypatch.setenv(threads.THREADS_ENV, "many")
     with pytest.raises(ValueError, match=threads.THREADS_ENV):
         thread_setting()
+
+
+def test_the_load_average_is_read_at_most_once_a_second(monkeypatch):
+    """A waiting re-try asks whether cores are idle every step: the reading is reused."""
+    reads = []
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: reads.append(1) or (5.0, 5.0, 5.0))
+    monkeypatch.setattr(threads, "_load_reading", [float("-inf"), None, 1])
+    assert not any(threads._cores_idle(1) for _ in range(100))
+    assert len(reads) == 1
+    monkeypatch.setattr(threads, "_LOAD_READ_INTERVAL_S", 0.0)
+    threads._cores_idle(1)
+    assert len(reads) == 2

@@ -62,14 +62,24 @@ def thread_setting(session_options: object = None) -> Optional[int]:
     return requested or None
 
 
+_LOAD_READ_INTERVAL_S = 1.0  # the kernel updates the load average every 5 s: read it at most this often
+_load_reading: List = [float("-inf"), None, 1]  # monotonic time of the last read, load average (None: unreadable), cores
+
+
 def _cores_idle(count: int) -> bool:
     """Whether `count` more cores look idle: the 1-minute load average (which counts this
-    process's running thread) leaves them free.  True where the load cannot be read."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        return True
-    return load + count <= (os.cpu_count() or 1) + 0.5
+    process's running thread) leaves them free.  True where the load cannot be read.  A
+    busy machine asks this every step while a re-try waits (2-3 us of system calls a step):
+    the reading is kept for `_LOAD_READ_INTERVAL_S`."""
+    now = time.monotonic()
+    if now - _load_reading[0] >= _LOAD_READ_INTERVAL_S:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:
+            load = None
+        _load_reading[:] = [now, load, os.cpu_count() or 1]
+    _, load, cores = _load_reading
+    return load is None or load + count <= cores + 0.5
 
 
 def _median(samples: List[float]) -> float:
