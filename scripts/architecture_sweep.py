@@ -102,7 +102,7 @@ def run_in_subprocesses(cases: List[tuple], timeout: float):
         TOKENIZERS_PARALLELISM="false",
         TRANSFORMERS_VERBOSITY="error",
     )
-    env.setdefault("ORT_TORCH_COMPAT_COMPILE", "off")
+    env.setdefault("ORT_TORCH_COMPAT_COMPILE", "eager")
     pending = [f"{a}:{e}" for a, e in cases]
     while pending:
         with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as handle:

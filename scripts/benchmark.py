@@ -56,8 +56,9 @@ from ort_torch_compat.testing.benchmark_report import conditions, fresh_table, t
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BACKENDS = ("ort", "ours", "eager")
 # also measurable (--backends): "compile", the hand-written model under torch.compile (default
-# mode); "ours-eager", ours with compilation and CUDA graphs off
-EXTRA_BACKENDS = ("compile", "ours-eager")
+# mode); "ours-off", ours with compilation and CUDA graphs off (CPU steps traced); "ours-eager",
+# ours with every step through the converted module and autograd
+EXTRA_BACKENDS = ("compile", "ours-off", "ours-eager")
 HAND_WRITTEN = ("eager", "compile")
 HAND_MADE = ("mlp", "cnn", "transformer")
 ZOO_DEFAULT = ("mobilenet_v2", "resnet18", "bert", "gpt2", "vit", "lstm", "lora")
@@ -402,9 +403,11 @@ def run_child(
     ]
     if window:
         command += ["--window-start", repr(time.time()), "--fresh-seconds", str(args.fresh_seconds)]
-    if backend == "ours-eager":  # ours, neither compiled nor replayed as CUDA graphs
+    if backend in ("ours-off", "ours-eager"):  # ours, neither compiled nor replayed as CUDA graphs
         command[3] = "ours"
-        environment = dict(environment, ORT_TORCH_COMPAT_COMPILE="off", ORT_TORCH_COMPAT_CUDA_GRAPHS="0")
+        environment = dict(
+            environment, ORT_TORCH_COMPAT_COMPILE=backend.split("-")[1], ORT_TORCH_COMPAT_CUDA_GRAPHS="0"
+        )
     out = subprocess.run(command, capture_output=True, text=True, timeout=3600, env=environment)
     if out.returncode != 0:
         lines = out.stderr.strip().splitlines()

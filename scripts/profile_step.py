@@ -1,6 +1,6 @@
 """Per-step CPU time of one tiny training step: onnxruntime-training vs ours (compile off).
 
-    ORT_TORCH_COMPAT_COMPILE=off python scripts/profile_step.py ARTIFACT_DIR [ARTIFACT_DIR ...]
+    ORT_TORCH_COMPAT_COMPILE=eager python scripts/profile_step.py ARTIFACT_DIR [ARTIFACT_DIR ...]
         [--rounds 7] [--steps 40] [--inputs numpy|torch] [--cprofile N]
 
 ARTIFACT_DIR holds training_model.onnx, optimizer_model.onnx and checkpoint (or the
@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("ORT_TORCH_COMPAT_COMPILE", "off")
+os.environ.setdefault("ORT_TORCH_COMPAT_COMPILE", "eager")
 
 import numpy as np  # noqa: E402  (after the environment default above)
 import torch  # noqa: E402

@@ -1,15 +1,18 @@
-"""A training loop with default settings from a cold compile cache, against compilation off.
+"""A training loop with default settings from a cold compile cache, against eager steps.
 
     python scripts/soak_default_loop.py ARTIFACT_DIR [ARTIFACT_DIR ...] [--seconds 300] [--compare-steps N]
+        [--reference eager|off]
 
 For each artifact directory (training_model.onnx, optimizer_model.onnx, checkpoint, and
 inputs.npz with the feeds by input name, as scripts/benchmark.py writes them): a fresh
 process trains with default settings (compile "auto", an empty cache of its own) for
 `--seconds`, the plain loop `module(*feeds); optimizer.step(); module.lazy_reset_grad()`;
-then a second fresh process runs the same number of steps with ORT_TORCH_COMPAT_COMPILE=off
-(or, with `--compare-steps N`, the steps up to N past the switch to the compiled step: eager
-steps can be 10x slower than compiled ones, so matching a 5-minute compiled run step for step
-can take an hour, while the eager steps, the switch and N compiled steps show what can differ).
+then a second fresh process runs the same number of steps with ORT_TORCH_COMPAT_COMPILE set to
+the reference ("eager" by default: the converted module with autograd, which shares no code
+with the traced and compiled steps; "off": traced steps) (or, with `--compare-steps N`, the
+steps up to N past the switch to the compiled step: eager steps can be 10x slower than
+compiled ones, so matching a 5-minute compiled run step for step can take an hour, while the
+steps before the switch, the switch and N compiled steps show what can differ).
 Reported per model: steps, the step at which the compiled step took over, the median and
 longest step after the first (the compiler must never stall the loop), and the largest
 difference between the two runs' losses in units of the parity tolerance
@@ -63,8 +66,8 @@ def _loop(directory: pathlib.Path, seconds: float, steps: int) -> dict:
 def _child(directory: pathlib.Path, setting: str, seconds: float, steps: int, cache: str) -> dict:
     environment = dict(os.environ, ORT_TORCH_COMPAT_CACHE_DIR=cache)
     environment.pop("ORT_TORCH_COMPAT_COMPILE", None)
-    if setting == "off":
-        environment["ORT_TORCH_COMPAT_COMPILE"] = "off"
+    if setting != "default":
+        environment["ORT_TORCH_COMPAT_COMPILE"] = setting
     command = [sys.executable, __file__, "--child", str(directory), "--seconds", str(seconds), "--steps", str(steps)]
     done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=seconds + 3600)
     if done.returncode != 0:
@@ -80,6 +83,7 @@ def main() -> int:
     parser.add_argument(
         "--compare-steps", type=int, default=0, help="compare the steps up to N past the switch (0: all)"
     )
+    parser.add_argument("--reference", choices=("eager", "off"), default="eager", help="the setting compared with")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -96,9 +100,9 @@ def main() -> int:
         compared = len(default["losses"])
         if args.compare_steps:
             compared = min(compared, (default["switch_step"] or 0) + args.compare_steps)
-        off = _child(directory, "off", args.seconds, compared, tempfile.gettempdir())
+        off = _child(directory, args.reference, args.seconds, compared, tempfile.gettempdir())
         if "error" in off:
-            print(f"{directory.name}: compilation off FAILED: {off['error']}")
+            print(f"{directory.name}: {args.reference} FAILED: {off['error']}")
             failed = True
             continue
         worst = max(
@@ -116,6 +120,7 @@ def main() -> int:
                     "max_ms": round(default["max_ms"], 2),
                     "longest_over_median": round(stall, 1),
                     "loss_deviation": round(worst, 3),
+                    "reference": args.reference,
                 }
             )
         )

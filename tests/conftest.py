@@ -10,9 +10,10 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
-# Train steps run eagerly unless the run asks otherwise: `ORT_TORCH_COMPAT_COMPILE=on python -m
-# pytest` runs every suite with compiled train steps (tests/test_compiled.py covers both).
-os.environ.setdefault("ORT_TORCH_COMPAT_COMPILE", "off")
+# Train steps run eagerly (the converted module with autograd) unless the run asks otherwise:
+# `ORT_TORCH_COMPAT_COMPILE=off python -m pytest` runs every suite with traced train steps,
+# `=on` with compiled ones (tests/test_traced_step.py and tests/test_compiled.py cover both).
+os.environ.setdefault("ORT_TORCH_COMPAT_COMPILE", "eager")
 
 
 def reference_configs():

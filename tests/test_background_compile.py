@@ -54,12 +54,12 @@ def shared_cache(tmp_path_factory) -> pathlib.Path:
 
 
 def test_a_run_switches_to_the_compiled_step_midway_with_eager_numbers(monkeypatch, shared_cache):
-    """Default settings, cold cache: steps run eagerly while the worker compiles, then
-    compiled.  Every step (accumulating ones included) is compared with an eager engine
+    """Default settings, cold cache: steps run traced (engine/traced_step.py) while the
+    worker compiles, then compiled.  Every step (accumulating ones included) is compared with an eager engine
     started from the same parameters: outputs and gradients within the parity tolerance."""
     monkeypatch.setenv(compile_cache.CACHE_ENV, str(shared_cache))
     monkeypatch.setattr(compiled, "_FASTER", float("inf"))  # switch even where compiling gains nothing
-    auto, eager = _engine("auto"), _engine("off")
+    auto, eager = _engine("auto"), _engine("eager")
     paths, begin, step = [], time.monotonic(), 0
     while paths.count("compiled") < 6:
         assert time.monotonic() - begin < COMPILE_LIMIT_S, f"no switch to the compiled step: {auto.train_runner._state}"
@@ -86,7 +86,7 @@ def test_a_run_switches_to_the_compiled_step_midway_with_eager_numbers(monkeypat
                 if tensor.requires_grad:
                     tensor.sub_(0.01 * tensor.grad)
         time.sleep(0.02)  # leave the worker some CPU on a 2-core machine
-    assert paths[0] == "compiling" and paths[-1] == "compiled"  # eager steps while the worker compiles
+    assert paths[0] == "compiling" and paths[-1] == "compiled"  # traced steps while the worker compiles
     assert paths.index("compiled") > 1, "the first steps must not wait for the compiler"
     assert auto.train_runner.compile_seconds is not None
     entries = list((shared_cache / "compiled").iterdir())

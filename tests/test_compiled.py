@@ -22,7 +22,15 @@ import torch
 from torch import fx, nn
 
 from ort_torch_compat.api import CheckpointState
-from ort_torch_compat.engine import TrainingEngine, compile_build, compile_cache, compile_key, compile_worker, compiled
+from ort_torch_compat.engine import (
+    TrainingEngine,
+    compile_build,
+    compile_cache,
+    compile_key,
+    compile_worker,
+    compiled,
+    traced_step,
+)
 from ort_torch_compat.errors import InvalidInputError
 from ort_torch_compat.graph.specialize import NotSpecializable, specialize
 from ort_torch_compat.legacy import SessionOptions
@@ -62,7 +70,7 @@ def _clones(tensors) -> list:
     ],
 )
 def test_specialized_graph_computes_what_the_module_computes(config):
-    engine, spec = _engine(config, **{compiled.CONFIG_KEY: "off"})
+    engine, spec = _engine(config, **{compiled.CONFIG_KEY: "eager"})
     module = engine.train_module
     tensors = _feeds(engine, spec, 1) + engine._train_params
     specialized = specialize(module, tensors)
@@ -93,7 +101,7 @@ def test_specialized_graph_computes_what_the_module_computes(config):
 
 
 def test_specializing_leaves_inputs_and_random_state_alone():
-    engine, spec = _engine("cnn_ce_adamw_op17", **{compiled.CONFIG_KEY: "off"})
+    engine, spec = _engine("cnn_ce_adamw_op17", **{compiled.CONFIG_KEY: "eager"})
     tensors = _feeds(engine, spec, 1) + engine._train_params
     before = [t.detach().clone() for t in tensors]
     rng = torch.get_rng_state()
@@ -234,7 +242,7 @@ def test_compiled_step_matches_eager_and_loads_from_the_cache(monkeypatch):
     monkeypatch.setenv(compile_cache.CACHE_ENV, str(TEST_CACHE))
     monkeypatch.setattr(compiled, "_FASTER", float("inf"))  # "auto" uses it even where it is not faster
     config = "cnn_ce_adamw_op17"  # BatchNorm: in-place running statistics through the compiled step
-    eager, spec = _engine(config, **{compiled.CONFIG_KEY: "off"})
+    eager, spec = _engine(config, **{compiled.CONFIG_KEY: "eager"})
     first, _ = _engine(config, **{compiled.CONFIG_KEY: "on"})
     with warnings.catch_warnings():
         warnings.simplefilter("error", compiled.CompileWarning)
@@ -288,7 +296,7 @@ def test_compiled_step_accumulates_and_reports_step_gradients_as_eager(monkeypat
     monkeypatch.setenv(compile_cache.CACHE_ENV, str(TEST_CACHE))
     monkeypatch.setattr(compiled, "_FASTER", float("inf"))
     config = "cnn_ce_adamw_op17"  # compiled by the test above when run together
-    eager, spec = _engine(config, **{compiled.CONFIG_KEY: "off"})
+    eager, spec = _engine(config, **{compiled.CONFIG_KEY: "eager"})
     engine, _ = _engine(config, **{compiled.CONFIG_KEY: "on"})
     if gradients == "per_parameter":
         monkeypatch.setattr(engine.store, "flat_groups_of", lambda lists: None)
@@ -327,7 +335,7 @@ def test_a_failed_compiled_step_leaves_the_gradients_as_they_were(monkeypatch):
         assert torch.equal(grad, before[name])
     monkeypatch.undo()
     engine.train_step(_feeds(engine, spec, 2))  # still a reset pending: the step overwrites
-    expected, _ = _engine("cnn_ce_adamw_op17", **{compiled.CONFIG_KEY: "off"})
+    expected, _ = _engine("cnn_ce_adamw_op17", **{compiled.CONFIG_KEY: "eager"})
     expected.train_step(_feeds(expected, spec, 1))
     expected.lazy_reset_grad()
     expected.train_step(_feeds(expected, spec, 2))
@@ -372,7 +380,7 @@ def test_optimizer_over_flat_gradient_buffers_equals_per_parameter(config):
 
     runs = []
     for bound in (False, True):
-        engine, spec = _engine(config, **{compiled.CONFIG_KEY: "off"})
+        engine, spec = _engine(config, **{compiled.CONFIG_KEY: "eager"})
         optimizer = OptimizerEngine(str(FIXTURES / config / "optimizer_model.onnx"), engine)
         for step in (1, 2, 3):
             engine.train_step(_feeds(engine, spec, step))
@@ -395,7 +403,8 @@ def test_without_a_compiler_steps_run_eagerly_with_one_warning(monkeypatch, tmp_
     monkeypatch.setenv(compile_cache.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(compiled, "cxx_compiler", lambda: None)
     monkeypatch.setattr(compiled, "_reported", set())
-    eager, spec = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "off"})
+    monkeypatch.setattr(traced_step, "torchscript_available", lambda: False)  # else traced (test_traced_step.py)
+    eager, spec = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "eager"})
     engine, _ = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "on"})
     with pytest.warns(compiled.CompileWarning, match="no C\\+\\+ compiler") as caught:
         actual = _train(engine, spec, 2)
@@ -441,6 +450,7 @@ def test_a_refused_graph_is_remembered(monkeypatch, tmp_path, inline_worker):
     monkeypatch.setenv(compile_cache.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(compiled, "_reported", set())
     monkeypatch.setattr(compiled, "cxx_compiler", lambda: "c++")
+    monkeypatch.setattr(traced_step, "torchscript_available", lambda: False)  # specialize: the compiler's only
 
     def refuse(module, tensors, **options):
         raise NotSpecializable("the graph draws random numbers (test)")
@@ -461,12 +471,12 @@ def test_a_refused_graph_is_remembered(monkeypatch, tmp_path, inline_worker):
 
 
 def test_cache_key_follows_shapes_and_graph_not_parameter_values():
-    engine, spec = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "off"})
+    engine, spec = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "eager"})
     tensors = _feeds(engine, spec, 1) + engine._train_params
     key = compile_key.graph_key(engine.train_module, tensors)
     assert compile_key.graph_key(engine.train_module, [t.detach() * 2 for t in tensors[:1]] + tensors[1:]) == key
     assert compile_key.graph_key(engine.train_module, [tensors[0][:1]] + tensors[1:]) != key
-    other, other_spec = _engine("mlp_l1_adamw_op17", **{compiled.CONFIG_KEY: "off"})
+    other, other_spec = _engine("mlp_l1_adamw_op17", **{compiled.CONFIG_KEY: "eager"})
     other_tensors = _feeds(other, other_spec, 1) + other._train_params
     assert compile_key.graph_key(other.train_module, other_tensors) != key
     np.testing.assert_equal(len(key), 32)

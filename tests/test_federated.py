@@ -40,7 +40,7 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # Flower's usage telemetry
 
 
 def _env() -> dict:
-    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", ORT_TORCH_COMPAT_COMPILE="off")
+    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", ORT_TORCH_COMPAT_COMPILE="eager")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     return env
 

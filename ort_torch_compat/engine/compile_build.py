@@ -13,24 +13,24 @@ nothing: their time is in the same oneDNN kernels either way).  Runs in the comp
 from __future__ import annotations
 
 import base64
-import functools
 import os
 import pathlib
 import shutil
 import time
-from typing import TYPE_CHECKING, Callable, Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Sequence
 
 import torch
 from torch import fx
 
 from . import compile_cache
 from .compile_key import tensor_bytes
-from .compiled_step import CompiledTrainStep, eager_train_step, gradient_groups
+from .compiled_step import CompiledTrainStep, gradient_groups
+from .joint_graph import joint_train_graph
+from .step_check import check_against_eager, time_against_eager
 
 if TYPE_CHECKING:
     from ..graph.specialize import SpecializedGraph
 
-_CHECK_RTOL, _CHECK_ATOL, _CHECK_GRAD_RTOL = 1e-3, 1e-5, 0.05
 _TIMED_ROUNDS = 5  # eager/compiled step pairs timed after a cold compile
 _POOLED_NODES = 1500  # graphs up to this size get pooled intermediates (see _build_library)
 
@@ -47,40 +47,26 @@ def _compile(spec: "SpecializedGraph", tensors: Sequence[torch.Tensor], director
     import torch._inductor  # noqa: F401  (heavy: imported only when compiling)
     import torch._inductor.lowering  # noqa: F401  (its decompositions consult the lowerings)
     from torch._inductor.decomposition import select_decomp_table
-    from torch.fx.experimental.proxy_tensor import make_fx
 
     from ..graph.index_guard import guard_indices
-    from ..graph.specialize import NotSpecializable
-
-    args = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
-    args += [c.detach().clone() for c in spec.constants]
-    groups = gradient_groups(tensors)
-    if not groups:
-        raise NotSpecializable("no input of the train step is trainable")
-
-    def whole_step(*inputs: torch.Tensor) -> List[torch.Tensor]:
-        with torch.enable_grad():
-            results = list(spec.module(*inputs))
-            loss = results[0]
-            if not loss.requires_grad:
-                raise NotSpecializable("the loss (output 0) does not depend on a trainable parameter")
-            wanted = [i for group in groups for i in group]
-            grads = torch.autograd.grad(loss, [inputs[i] for i in wanted], torch.ones_like(loss), allow_unused=True)
-        filled = {i: torch.zeros_like(inputs[i]) if g is None else g for i, g in zip(wanted, grads)}
-        flat = [torch.cat([filled[i].reshape(-1) for i in group]) for group in groups]
-        return [r.detach() for r in results] + flat
 
     # TorchInductor's own decompositions (as torch.compile applies them before autograd): the
     # backward is then derived from the decomposed forward, as AOTAutograd derives it.
-    graph = make_fx(whole_step, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
+    graph = joint_train_graph(spec, tensors, select_decomp_table())
     index_flag = guard_indices(graph)  # out-of-range indices: a flag, not an abort (graph/index_guard.py)
-    _build_library(directory, "step", graph, [a.detach().contiguous() for a in args])
+    example = [t.detach().contiguous() for t in list(tensors) + list(spec.constants)]
+    _build_library(directory, "step", graph, example)
     for leftover in directory.iterdir():  # generated sources and objects: not needed to load
         if leftover.suffix not in (".so", ".json"):
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
         elif leftover.name.startswith("c") and "." in leftover.stem:
             leftover.unlink()
-    return {"num_outputs": spec.num_outputs, "mutated": spec.mutated, "grad_groups": groups, "index_flag": index_flag}
+    return {
+        "num_outputs": spec.num_outputs,
+        "mutated": spec.mutated,
+        "grad_groups": gradient_groups(tensors),
+        "index_flag": index_flag,
+    }
 
 
 def _build_library(directory: pathlib.Path, name: str, graph: fx.GraphModule, example_inputs: list) -> None:
@@ -128,96 +114,6 @@ def _caused_by(error: BaseException, kind: type) -> bool:
     return False
 
 
-def _elementwise_excess(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """Excess of max |actual - expected| over 1e-5 + 1e-3*max|expected| (<= 0: within)."""
-    if actual.shape != expected.shape or actual.dtype != expected.dtype:
-        return float("inf")
-    if not expected.dtype.is_floating_point:
-        return 0.0 if torch.equal(actual, expected) else float("inf")
-    if not expected.numel():
-        return 0.0
-    scale = expected.abs().max().item()
-    return (actual - expected).abs().max().item() - (_CHECK_ATOL + _CHECK_RTOL * scale)
-
-
-def _norm_excess(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """Excess of ||actual - expected|| over 5% of ||expected|| (plus 1e-5 per element)."""
-    if actual.shape != expected.shape:
-        return float("inf")
-    tolerance = _CHECK_GRAD_RTOL * expected.norm().item() + _CHECK_ATOL * expected.numel() ** 0.5
-    return (actual - expected).norm().item() - tolerance
-
-
-def _self_check(step: CompiledTrainStep, module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -> None:
-    """One step both ways on copies of the inputs (the module's buffers restored after each).
-
-    Outputs, updated inputs (running statistics) and buffers must agree elementwise within
-    float32 rounding.  Gradients are compared by norm: a ReLU network's gradient jumps where
-    an activation is exactly 0, so a rounding-level difference in the forward pass can route
-    one element's gradient differently, and BatchNorm's backward spreads that over the
-    channel (measured on ResNet-18: up to 3% of a gradient's norm on some batches, 1e-5 on
-    others); a wrong wiring or a miscompiled kernel is off by the whole norm."""
-    from ..graph.specialize import NotSpecializable
-
-    snapshot = [buffer.detach().clone() for buffer in module.buffers()]
-
-    def run(train: Callable) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
-        copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
-        try:
-            outputs = train(copies)
-            if outputs is None:  # the compiled step's index flag (the eager step raised first, or disagrees)
-                raise RuntimeError("the compiled step found an index out of range in the first batch")
-            values = [o.detach() for o in outputs] + [c.detach() for c in copies]
-            values += [b.detach().clone() for b in module.buffers()]
-            leaves = [c for c in copies if c.requires_grad]
-            return values, [torch.zeros_like(leaf) if leaf.grad is None else leaf.grad for leaf in leaves]
-        finally:
-            with torch.no_grad():
-                for buffer, value in zip(module.buffers(), snapshot):
-                    buffer.copy_(value)
-
-    (eager_values, eager_grads), (values, grads) = run(functools.partial(eager_train_step, module)), run(step.train)
-    if len(values) != len(eager_values) or len(grads) != len(eager_grads):
-        raise NotSpecializable("the compiled step returns other values than the eager step")
-    worst = max(
-        [_elementwise_excess(c, e) for c, e in zip(values, eager_values)]
-        + [_norm_excess(c, e) for c, e in zip(grads, eager_grads)],
-        default=0.0,
-    )
-    if worst > 0:
-        raise NotSpecializable(f"the compiled step disagrees with the eager step (excess difference {worst:.3g})")
-
-
-def _step_times(
-    step: CompiledTrainStep, module: fx.GraphModule, tensors: Sequence[torch.Tensor]
-) -> Tuple[float, float]:
-    """Median CPU milliseconds of a train step (forward, backward, gradients into `.grad`),
-    eager and compiled, interleaved,
-    on one thread (CPU time of one thread is the work itself, whatever else the machine runs)."""
-    snapshot = [buffer.detach().clone() for buffer in module.buffers()]
-    copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
-    times: Dict[str, List[float]] = {"eager": [], "compiled": []}
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for _ in range(_TIMED_ROUNDS):
-            for kind, function in (
-                ("eager", lambda: eager_train_step(module, copies)),
-                ("compiled", lambda: step.train(copies)),
-            ):
-                begin = time.process_time()
-                function()
-                times[kind].append(1000 * (time.process_time() - begin))
-                for copy in copies:
-                    copy.grad = None
-    finally:
-        torch.set_num_threads(previous)
-        with torch.no_grad():
-            for buffer, value in zip(module.buffers(), snapshot):
-                buffer.copy_(value)
-    return sorted(times["eager"])[len(times["eager"]) // 2], sorted(times["compiled"])[len(times["compiled"]) // 2]
-
-
 def _encode_tensor(tensor: torch.Tensor) -> Dict:
     """A small constant as JSON (the cache is read without unpickling, like every other file)."""
     return {
@@ -242,8 +138,8 @@ def build_entry(module: fx.GraphModule, tensors: Sequence[torch.Tensor], key: st
             trace_constants = spec.constants[len(lifted_constants(module)) :]
             meta["trace_constants"] = [_encode_tensor(constant) for constant in trace_constants]
             step = CompiledTrainStep(scratch, meta, spec.constants)
-            _self_check(step, module, tensors)
-            meta["eager_ms"], meta["compiled_ms"] = _step_times(step, module, tensors)
+            check_against_eager(step, module, tensors)
+            meta["eager_ms"], meta["compiled_ms"] = time_against_eager(step, module, tensors, _TIMED_ROUNDS)
             return meta
 
         compile_cache.publish(root, key, build)

@@ -16,7 +16,8 @@ from . import compile_cache
 
 # The compiling and running code: a change to either makes every entry stale.
 _COMPILER_SOURCES = tuple(
-    str(pathlib.Path(__file__).with_name(name)) for name in ("compile_build.py", "compiled_step.py", "compile_key.py")
+    str(pathlib.Path(__file__).with_name(name))
+    for name in ("compile_build.py", "compiled_step.py", "compile_key.py", "joint_graph.py", "step_check.py")
 )
 
 

@@ -9,13 +9,21 @@ costs tens of seconds to minutes (a C++ compiler runs), so the result is cached
 check and time; compiled_step.py: run the libraries), and a warm start stays cheap.
 
 When (session options config entry "ort_torch_compat.compile" or ORT_TORCH_COMPAT_COMPILE):
-"off"; "on" (compile at the first train step, which waits for it); "auto", the default: use
-a cached compilation from the first step on, otherwise start compiling at the first step in
-a background process (compile_worker.py) while the steps run eagerly, and switch to the
-compiled step between two steps once it is ready, checked and faster.  Ahead of time,
-`precompile.py` (`ort-torch-compat compile`) fills the cache.  Only CPU training steps are
-compiled; other shapes than the first batch's and eval steps run eagerly, and CUDA steps are
-replayed as CUDA graphs instead (cuda_graphs.py).
+"eager" (every step through the converted module with autograd); "off" (no compiler: the
+steps run traced, see below); "on" (compile at the first train step, which waits for it);
+"auto", the default: use a cached compilation from the first step on, otherwise start
+compiling at the first step in a background process (compile_worker.py) while the steps
+run traced, and switch to the compiled step between two steps once it is ready, checked
+and faster.  Ahead of time, `precompile.py` (`ort-torch-compat compile`) fills the cache.
+Only CPU training steps are compiled, for the first batch's shapes; CUDA steps are
+replayed as CUDA graphs instead (cuda_graphs.py), and eval steps run eagerly.
+
+Traced steps (traced_step.py; every setting but "eager", CPU): a step the compiled library
+does not run (another input signature, compilation off, refused or still running) runs as
+one TorchScript graph of its forward and backward, traced in this process at the first
+step of the signature (about a second on the tiny real architectures), checked against
+the eager step and used where faster.  The first signature is traced at its first step,
+others when they come back (a shape seen once runs eagerly), at most `_MAX_TRACED`.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence, Tuple
 import torch
 from torch import fx
 
-from . import compile_cache, compile_key, compile_worker, compiled_step
+from . import compile_cache, compile_key, compile_worker, compiled_step, traced_step
 from .compile_cache import cache_root
 from .threads import COMPILING
 
@@ -44,10 +52,11 @@ COMPILE_ENV = "ORT_TORCH_COMPAT_COMPILE"
 
 CONFIG_KEY = "ort_torch_compat.compile"  # session options config entry (add_session_config_entry)
 
-SETTINGS = ("off", "on", "auto")
+SETTINGS = ("eager", "off", "on", "auto")
 
 _ALIASES = {"0": "off", "false": "off", "no": "off", "1": "on", "true": "on", "yes": "on"}
 _FASTER = 0.95  # the compiled step is used when it takes at most this share of the eager step's time
+_MAX_TRACED = 8  # input signatures with a traced step, per runner
 
 log = logging.getLogger("ort_torch_compat.compile")
 
@@ -98,12 +107,12 @@ def _report(label: str, reason: str) -> None:
 
 
 class TrainStepRunner:
-    """Runs train steps: the converted train module with autograd, or its compiled form when
-    the setting and the cache allow.
+    """Runs train steps: the converted train module with autograd, or its compiled or traced
+    form when the setting and the cache allow.
 
-    `runner.compiled_for([*feeds, *params])` says which runs a step: the compiled step it
-    returns (whose `train` or `run` computes what `module(*feeds, *params)` computes, plus
-    the gradients), or None for `runner.eager`.  `recipe`
+    `runner.compiled_for([*feeds, *params])` says which runs a step: the compiled or traced
+    step it returns (whose `train` or `run` computes what `module(*feeds, *params)`
+    computes, plus the gradients), or None for `runner.eager`.  `recipe`
     rebuilds the module in the compile worker's process; `eager` (default: the module)
     computes the same as the module and runs the steps that are not compiled (the engine
     passes `graph_module.direct_calls(module)`)."""
@@ -124,7 +133,10 @@ class TrainStepRunner:
         self.compiled: Optional[compiled_step.CompiledTrainStep] = None
         self.compile_seconds: Optional[float] = None  # cold compile time, when this process compiled
         self._signature: Optional[Tuple] = None
-        self._state = "eager" if self.setting == "off" or device.type != "cpu" else "first"
+        self._state = "eager" if self.setting in ("eager", "off") or device.type != "cpu" else "first"
+        self._trace = self.setting != "eager" and device.type == "cpu" and traced_step.torchscript_available()
+        self._traced: Dict[Tuple, Optional[traced_step.TracedTrainStep]] = {}  # feeds' signature -> step or None
+        self._seen: Dict[Tuple, int] = {}  # feeds' signature -> steps seen without a traced step
         self._worker: Optional[compile_worker.CompileWorker] = None
         self._preload: Optional[threading.Thread] = None
         self._entry = None  # what the preload thread verified: an Entry, None, or False (see _open_entry)
@@ -137,19 +149,22 @@ class TrainStepRunner:
         (measured apart), or `threads.COMPILING` (eager, while the worker holds a core)."""
         if self._state in ("compiling", "loading"):
             return COMPILING
-        return "compiled" if self._state == "compiled" else "eager"
-
-    def compiled_for(
-        self, tensors: Sequence[torch.Tensor], fixed: int = 0
-    ) -> Optional[compiled_step.CompiledTrainStep]:
-        """The compiled step that runs the train step on `tensors`, or None where it runs
-        eagerly; moves the setting's state on (first step, worker done, libraries loaded)
-        between two steps.  The last `fixed` tensors (the parameters, whose shapes never
-        change) are left out of the per-step signature check."""
         if self._state == "compiled":
-            if _signature(tensors[: len(tensors) - fixed]) == self._signature[: len(self._signature) - fixed]:
+            return "compiled"
+        return "traced" if any(self._traced.values()) else "eager"
+
+    def compiled_for(self, tensors: Sequence[torch.Tensor], fixed: int = 0) -> Optional[compiled_step.FlatGradientStep]:
+        """The compiled or traced step that runs the train step on `tensors`, or None where
+        it runs eagerly; moves the setting's state on (first step, worker done, libraries
+        loaded) between two steps.  The last `fixed` tensors (the parameters, whose shapes
+        never change) are left out of the per-step signature check."""
+        feeds = _signature(tensors[: len(tensors) - fixed])
+        if self._signature is None:
+            self._signature = _signature(tensors)
+        if self._state == "compiled":
+            if feeds == self._signature[: len(self._signature) - fixed]:
                 return self.compiled
-            return None
+            return self._traced_for(feeds, tensors)
         if self._state == "first":
             self._first(tensors)
         elif self._state == "compiling" and self._worker.done():
@@ -158,7 +173,55 @@ class TrainStepRunner:
             self._take(self._entry)  # between two steps: no eager step is in flight
         if self._state == "compiled" and _signature(tensors) == self._signature:
             return self.compiled
-        return None
+        return self._traced_for(feeds, tensors)
+
+    def _traced_for(self, feeds: Tuple, tensors: Sequence[torch.Tensor]) -> Optional[traced_step.TracedTrainStep]:
+        """The traced step of this feeds' signature: traced now where it is the first
+        signature or one seen before (see the module's docstring), else None (eager)."""
+        step = self._traced.get(feeds, False)
+        if step is not False or not self._trace:
+            return step or None
+        seen = self._seen[feeds] = self._seen.get(feeds, 0) + 1
+        first = self._signature is not None and feeds == self._signature[: len(feeds)]
+        if not (first or seen > 1) or len(self._traced) >= _MAX_TRACED:
+            return None
+        self._traced[feeds] = step = self._build_traced(tensors)
+        return step
+
+    def _build_traced(self, tensors: Sequence[torch.Tensor]) -> Optional[traced_step.TracedTrainStep]:
+        began = time.perf_counter()
+        try:
+            step, eager_ms, traced_ms = traced_step.build_traced_step(self.module, tensors)
+        except Exception as error:  # noqa: BLE001  (anything here only means: eager steps)
+            log.info(
+                "%s: train steps of this shape run eagerly: cannot trace them (%s: %s)",
+                self.label,
+                type(error).__name__,
+                str(error).splitlines()[0][:300] if str(error) else "",
+            )
+            return None
+        log.info(
+            "%s: traced the train step in %.2f s (%.2f ms a step, eager %.2f ms)",
+            self.label,
+            time.perf_counter() - began,
+            traced_ms,
+            eager_ms,
+        )
+        return step if traced_ms < eager_ms else None
+
+    def disagreed(self, step: compiled_step.FlatGradientStep) -> None:
+        """`step` could not run a step that the eager step then ran: do not use it again."""
+        for feeds, traced in self._traced.items():
+            if traced is step:
+                self._traced[feeds] = None
+                log.info(
+                    "%s: the traced step failed where the eager one did not (%s): running eagerly",
+                    self.label,
+                    step.error,
+                )
+        if step is self.compiled:
+            self._state, self.compiled = "eager", None
+            _report(self.label, "the compiled step refused inputs the eager step accepted")
 
     def _first(self, tensors: Sequence[torch.Tensor]) -> None:
         self._signature = _signature(tensors)

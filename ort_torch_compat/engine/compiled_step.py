@@ -64,41 +64,24 @@ def gradient_groups(tensors: Sequence[torch.Tensor]) -> List[List[int]]:
     return list(groups.values())
 
 
-class CompiledTrainStep:
-    """The compiled train step (forward, backward and gradients) of one graph for one input
-    signature: `run` returns the outputs and the flat gradients, `train` adds the gradients
-    into `.grad` as autograd would."""
+class FlatGradientStep:
+    """A train step run without autograd (a compiled library, or a traced graph: see
+    traced_step.py) for one graph and one input signature.  `run` (each form's own) returns
+    the outputs and the flat gradients, one per entry of `grad_groups`; `train` adds the
+    gradients into `.grad` as autograd would."""
 
-    def __init__(self, directory: pathlib.Path, meta: Dict, constants: List[torch.Tensor]):
-        self.library = torch._C._aoti.AOTIModelContainerRunnerCpu(str(directory / "step.so"), 1)
-        self.num_outputs: int = meta["num_outputs"]
-        self.mutated: List[int] = meta["mutated"]
-        self.num_results = self.num_outputs + len(self.mutated)
-        self.grad_groups: List[List[int]] = meta["grad_groups"]
-        self.index_flag: bool = meta["index_flag"]  # the library's last result: every index was in range
-        self.constants = constants
+    num_outputs: int
+    mutated: List[int]
+    grad_groups: List[List[int]]
 
     def run(
         self, tensors: Sequence[torch.Tensor], contiguous_tail: int = 0
     ) -> Optional[Tuple[List[torch.Tensor], List[torch.Tensor]]]:
-        """(outputs, flat gradients: one per entry of `grad_groups`) of the step on `tensors`
-        (feeds, then parameters); running statistics the step updates are written back.
-        None, having written nothing back, where an input's index was out of range
-        (graph/index_guard.py): the caller runs the step eagerly, which raises the error.
-        The library takes contiguous tensors: the last `contiguous_tail` are known to be
-        (the parameter store's views), the others are made so."""
-        head = len(tensors) - contiguous_tail
-        every = [t.contiguous() for t in tensors[:head]]
-        every += tensors[head:]
-        every += self.constants
-        results = self.library.run(every)  # a C++ call: nothing for autograd to record
-        if self.index_flag and not results.pop():
-            return None
-        if self.mutated:
-            with torch.no_grad():
-                for index, value in zip(self.mutated, results[self.num_outputs : self.num_results]):
-                    every[index].copy_(value)
-        return results[: self.num_outputs], results[self.num_results :]
+        """(outputs, flat gradients) of the step on `tensors` (feeds, then parameters), the
+        running statistics it updates written back; None, having written nothing back, where
+        the step cannot run these inputs (the caller runs the eager step, which raises the
+        error).  The last `contiguous_tail` tensors are known to be contiguous."""
+        raise NotImplementedError
 
     def gradients(
         self, tensors: Sequence[torch.Tensor], flats: Sequence[torch.Tensor]
@@ -130,6 +113,42 @@ class CompiledTrainStep:
                     observe(tensor, grad)
                 accumulate_grad(tensor, grad)
         return outputs
+
+
+class CompiledTrainStep(FlatGradientStep):
+    """The compiled train step (forward, backward and gradients) of one graph for one input
+    signature: one AOTInductor library."""
+
+    def __init__(self, directory: pathlib.Path, meta: Dict, constants: List[torch.Tensor]):
+        self.library = torch._C._aoti.AOTIModelContainerRunnerCpu(str(directory / "step.so"), 1)
+        self.num_outputs: int = meta["num_outputs"]
+        self.mutated: List[int] = meta["mutated"]
+        self.num_results = self.num_outputs + len(self.mutated)
+        self.grad_groups: List[List[int]] = meta["grad_groups"]
+        self.index_flag: bool = meta["index_flag"]  # the library's last result: every index was in range
+        self.constants = constants
+
+    def run(
+        self, tensors: Sequence[torch.Tensor], contiguous_tail: int = 0
+    ) -> Optional[Tuple[List[torch.Tensor], List[torch.Tensor]]]:
+        """(outputs, flat gradients: one per entry of `grad_groups`) of the step on `tensors`
+        (feeds, then parameters); running statistics the step updates are written back.
+        None, having written nothing back, where an input's index was out of range
+        (graph/index_guard.py): the caller runs the step eagerly, which raises the error.
+        The library takes contiguous tensors: the last `contiguous_tail` are known to be
+        (the parameter store's views), the others are made so."""
+        head = len(tensors) - contiguous_tail
+        every = [t.contiguous() for t in tensors[:head]]
+        every += tensors[head:]
+        every += self.constants
+        results = self.library.run(every)  # a C++ call: nothing for autograd to record
+        if self.index_flag and not results.pop():
+            return None
+        if self.mutated:
+            with torch.no_grad():
+                for index, value in zip(self.mutated, results[self.num_outputs : self.num_results]):
+                    every[index].copy_(value)
+        return results[: self.num_outputs], results[self.num_results :]
 
 
 def decode_tensor(record: Dict) -> torch.Tensor:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..errors import InvalidInputError, ModelLoadError, NominalStateError
-from .compiled_step import CompiledTrainStep, Observer, eager_train_step
+from .compiled_step import FlatGradientStep, Observer, eager_train_step
 from .cuda_graphs import DeviceStream, TrainStepGraphs, graphs_enabled
 from .device import parse_device
 from .graph_io import GraphIO, ModelGraph, classify_feeds, read_eval_graph, read_training_graph
@@ -120,7 +120,8 @@ class TrainingEngine:
         self.eval_module: Optional[torch.nn.Module] = modules.eval
         self._eval_direct: Optional[torch.nn.Module] = modules.eval_direct
         self._accumulate = False
-        self._flat_layout: Optional[tuple] = None  # (compiled step, store groups its flat gradients fill, or None)
+        # id(compiled or traced step) -> (the step, store groups its flat gradients fill, or None)
+        self._flat_layouts: Dict[int, tuple] = {}
         self._checked: Dict[str, tuple] = {}  # step -> signature of the last inputs that passed the checks
         # CUDA: train (and optimizer) steps replayed as CUDA graphs (cuda_graphs.py)
         self.graph_streams: Optional[DeviceStream] = None
@@ -220,6 +221,8 @@ class TrainingEngine:
                             outputs = compiled.train(tensors, observe)
                         if outputs is None:  # the eager step raises an out-of-range index's error
                             outputs = eager_train_step(self.train_runner.eager, tensors, observe)
+                            if compiled is not None:  # ... or the compiled/traced step was wrong to refuse
+                                self.train_runner.disagreed(compiled)
                         if not self._accumulate:
                             self.store.fill_missing_grads()
             except BaseException as error:  # a failed step leaves the gradients as they were, as ORT's does
@@ -234,17 +237,17 @@ class TrainingEngine:
         self._accumulate = True
         return [out.detach() for out in outputs]
 
-    def _flat_groups(self, compiled: CompiledTrainStep, tensors: List[torch.Tensor]) -> Optional[List[FlatGroup]]:
+    def _flat_groups(self, compiled: FlatGradientStep, tensors: List[torch.Tensor]) -> Optional[List[FlatGroup]]:
         """The store's flat groups that `compiled`'s flat gradients fill, one per gradient,
-        or None where its layout is not the store's (found once per compiled step)."""
-        if self._flat_layout is None or self._flat_layout[0] is not compiled:
+        or None where its layout is not the store's (found once per compiled or traced step)."""
+        if id(compiled) not in self._flat_layouts:
             lists = [[tensors[i] for i in group] for group in compiled.grad_groups]
-            self._flat_layout = (compiled, self.store.flat_groups_of(lists))
-        return self._flat_layout[1]
+            self._flat_layouts[id(compiled)] = (compiled, self.store.flat_groups_of(lists))
+        return self._flat_layouts[id(compiled)][1]
 
     def _flat_train_step(
         self,
-        compiled: CompiledTrainStep,
+        compiled: FlatGradientStep,
         groups: List[FlatGroup],
         tensors: List[torch.Tensor],
         observe: Optional[Observer],

@@ -243,7 +243,7 @@ def run_in_subprocess(name: str, exporter: str, timeout: float) -> Dict[str, Any
         TOKENIZERS_PARALLELISM="false",
         TRANSFORMERS_VERBOSITY="error",
     )
-    env.setdefault("ORT_TORCH_COMPAT_COMPILE", "off")  # 4 forwards: compiling would only cost CPU
+    env.setdefault("ORT_TORCH_COMPAT_COMPILE", "eager")  # 4 forwards: compiling would only cost CPU
     with tempfile.TemporaryDirectory() as tmp:
         out = pathlib.Path(tmp) / "record.json"
         errors = pathlib.Path(tmp) / "stderr"

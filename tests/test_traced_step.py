@@ -1,0 +1,247 @@
+"""The traced train step (engine/traced_step.py): one TorchScript graph of the forward and
+its backward, run where no compiled library does, against the eager step.
+
+ORT_TORCH_COMPAT_COMPILE=off runs the parity suites through it (tests/test_training_parity.py,
+tests/test_real_architectures.py); here: the same losses, gradients and parameters as the
+eager step (bit for bit where both run the same kernels), dropout's random numbers drawn as
+the eager step draws them, an index out of range raised as the eager step raises it with
+nothing changed, which shapes get traced, and every way back to eager steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from ort_torch_compat.api import CheckpointState
+from ort_torch_compat.engine import TrainingEngine, compiled, traced_step
+from ort_torch_compat.errors import InvalidInputError
+from ort_torch_compat.legacy import SessionOptions
+from ort_torch_compat.testing.scenario import make_batch
+from tests.conftest import FIXTURES, load_spec
+
+pytestmark = pytest.mark.skipif(not traced_step.torchscript_available(), reason="this torch has no TorchScript")
+
+
+@pytest.fixture
+def always_faster(monkeypatch):
+    """The runner uses a traced step only where it measured it faster: make that certain."""
+    monkeypatch.setattr(traced_step, "time_against_eager", lambda *args: (1.0, 0.5))
+
+
+def _engine(directory, setting: str) -> TrainingEngine:
+    state = CheckpointState.load_checkpoint(directory / "checkpoint")
+    options = SessionOptions()
+    options.add_session_config_entry(compiled.CONFIG_KEY, setting)
+    return TrainingEngine(state._state, str(directory / "training_model.onnx"), session_options=options)
+
+
+def _feeds(engine: TrainingEngine, spec: dict, step: int, batch_size: int = 0) -> list:
+    batch = make_batch(spec, step, batch_size)
+    return [torch.from_numpy(batch[name]) for name in engine.input_names(True)]
+
+
+def _train(engine: TrainingEngine, spec: dict, steps: int) -> list:
+    """Outputs, gradients and every parameter and buffer after each step (step 2 accumulates)."""
+    record = []
+    for step in range(1, steps + 1):
+        outputs = engine.train_step(_feeds(engine, spec, step))
+        if step != 1:
+            engine.lazy_reset_grad()
+        params = [engine.state.parameters[name].tensor for name in engine.train_io.param_names()]
+        record.append(
+            [o.clone() for o in outputs]
+            + [p.grad.clone() for p in params if p.grad is not None]
+            + [p.detach().clone() for p in params]
+            + [b.clone() for b in engine.train_module.buffers()]
+        )
+    return record
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        "transformer_ce_adamw_op17",
+        "cnn_ce_adamw_op17",  # BatchNorm: running statistics written back
+        "lstm_ce_adamw_op17",  # the eager step runs torch's fused LSTM; the trace, its time loop
+        "gru_bce_sgd_op17",
+        "tensorops_mse_adamw_op17",
+        "twoout_mse_adamw_lossinput_addout_op17",  # two outputs, the loss an input of the graph
+        "mlp_mse_adamw_nobias_op17",
+        "frozen_ce_adamw_op17",  # frozen parameters
+    ],
+)
+def test_traced_steps_give_the_eager_steps_numbers(config, always_faster):
+    directory = FIXTURES / config
+    spec = load_spec(directory)
+    eager, traced = _engine(directory, "eager"), _engine(directory, "off")
+    expected, actual = _train(eager, spec, 3), _train(traced, spec, 3)
+    assert eager.train_runner.path == "eager" and not eager.train_runner._traced
+    assert traced.train_runner.path == "traced"
+    for step_expected, step_actual in zip(expected, actual):
+        assert len(step_expected) == len(step_actual)
+        for e, a in zip(step_expected, step_actual):  # the parity suites' tolerance, 10x tighter
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+def test_dropout_draws_the_eager_steps_random_numbers(always_faster):
+    """Random operators stay in the traced graph and draw from torch's generator in the
+    eager step's order: the same seed gives the same masks, losses and gradients."""
+    directory = FIXTURES / "dropout"
+    runs = []
+    for setting in ("eager", "off"):
+        engine = _engine(directory, setting)
+        feeds = [
+            torch.randn(*[d or 2 for d in spec.shape], generator=torch.Generator().manual_seed(5))
+            if spec.elem_type == 1
+            else torch.zeros([d or 2 for d in spec.shape], dtype=torch.int64)
+            for spec in engine.train_io.user_inputs
+        ]
+        torch.manual_seed(123)
+        losses = [engine.train_step(feeds)[0].clone() for _ in range(4)]
+        runs.append((losses, [t.grad.clone() for t in engine.store.trainable], torch.get_rng_state()))
+        assert engine.train_runner.path == setting.replace("off", "traced")
+    (eager_losses, eager_grads, eager_rng), (losses, grads, rng) = runs
+    assert len({float(loss) for loss in eager_losses}) > 1  # the masks differ step to step
+    assert all(torch.equal(a, b) for a, b in zip(eager_losses, losses))
+    assert all(torch.equal(a, b) for a, b in zip(eager_grads, grads))
+    assert torch.equal(eager_rng, rng)  # tracing, checking and timing drew nothing of the user's
+
+
+def test_an_out_of_range_label_raises_as_eager_does_and_changes_nothing(always_faster):
+    directory = FIXTURES / "cnn_ce_adamw_op17"
+    spec = load_spec(directory)
+    engine = _engine(directory, "off")
+    engine.train_step(_feeds(engine, spec, 1))
+    step = engine.train_runner.compiled_for(
+        [*_feeds(engine, spec, 2), *engine._train_params], len(engine._train_params)
+    )
+    assert isinstance(step, traced_step.TracedTrainStep)
+    before = {name: grad.clone() for name, grad in engine.gradients().items()}
+    buffers = [b.clone() for b in engine.train_module.buffers()]
+    for label in (3, 1000, -7):  # 3 classes; -7 is not the ignored label
+        feeds = _feeds(engine, spec, 2)
+        feeds[1] = feeds[1].clone()
+        feeds[1][0] = label
+        with pytest.raises(InvalidInputError, match="labels"):
+            engine.train_step(feeds)
+        assert all(torch.equal(grad, before[name]) for name, grad in engine.gradients().items())
+        assert all(torch.equal(a, b) for a, b in zip(engine.train_module.buffers(), buffers))
+    engine.lazy_reset_grad()
+    engine.train_step(_feeds(engine, spec, 2))
+    assert (
+        engine.train_runner.compiled_for([*_feeds(engine, spec, 3), *engine._train_params], len(engine._train_params))
+        is step
+    )  # a user's bad batch does not retire the traced step
+
+
+def _dynamic_batch_mlp(directory) -> TrainingEngine:
+    """mlp_mse_adamw_op17 with its batch dimension declared dynamic."""
+    model = onnx.load(str(FIXTURES / "mlp_mse_adamw_op17" / "training_model.onnx"))
+    for value in model.graph.input[:2]:  # x, target
+        value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    del model.graph.value_info[:]
+    onnx.save(model, str(directory / "training_model.onnx"))
+    shutil.copy(FIXTURES / "mlp_mse_adamw_op17" / "checkpoint", directory / "checkpoint")
+    return _engine(directory, "off")
+
+
+def test_which_shapes_are_traced(always_faster, monkeypatch, tmp_path):
+    """The first batch's shapes at their first step; another shape when it comes back (one
+    seen once runs eagerly); at most _MAX_TRACED shapes."""
+    monkeypatch.setattr(compiled, "_MAX_TRACED", 2)
+    engine = _dynamic_batch_mlp(tmp_path)
+    runner = engine.train_runner
+    build, traced = runner._build_traced, []
+    monkeypatch.setattr(runner, "_build_traced", lambda tensors: traced.append(len(tensors[0])) or build(tensors))
+    rng = np.random.default_rng(0)
+    for batch_size in (2, 2, 3, 4, 3, 3, 4, 4, 2, 5, 5):
+        feeds = [rng.standard_normal((batch_size, 6), np.float32), rng.standard_normal((batch_size, 3), np.float32)]
+        engine.train_step([torch.from_numpy(f) for f in feeds])
+    assert traced == [2, 3]  # 4 and 5 came back after the cap was reached
+    assert sum(step is not None for step in runner._traced.values()) == 2
+
+
+def test_a_slower_traced_step_is_not_used(monkeypatch):
+    monkeypatch.setattr(traced_step, "time_against_eager", lambda *args: (1.0, 1.5))
+    directory = FIXTURES / "mlp_mse_adamw_op17"
+    engine = _engine(directory, "off")
+    engine.train_step(_feeds(engine, load_spec(directory), 1))
+    assert engine.train_runner.path == "eager" and list(engine.train_runner._traced.values()) == [None]
+
+
+def test_a_graph_torchscript_refuses_trains_eagerly(monkeypatch, caplog):
+    def refuse(graph):
+        raise RuntimeError("Unknown builtin op: aten::made_up")
+
+    monkeypatch.setattr(traced_step, "_script", refuse)
+    directory = FIXTURES / "mlp_mse_adamw_op17"
+    spec = load_spec(directory)
+    eager, engine = _engine(directory, "eager"), _engine(directory, "off")
+    with caplog.at_level(logging.INFO, logger="ort_torch_compat.compile"):
+        assert _train(engine, spec, 2) and engine.train_runner.path == "eager"
+    assert "cannot trace" in caplog.text and "made_up" in caplog.text
+    for e, a in zip(_train(eager, spec, 2)[-1], _train(_engine(directory, "off"), spec, 2)[-1]):
+        assert torch.equal(a, e)
+
+
+def test_a_traced_step_that_fails_where_eager_does_not_is_retired(always_faster, caplog):
+    directory = FIXTURES / "mlp_mse_adamw_op17"
+    spec = load_spec(directory)
+    engine = _engine(directory, "off")
+    engine.train_step(_feeds(engine, spec, 1))
+    step = next(iter(engine.train_runner._traced.values()))
+    good = step.function
+
+    def broken(*inputs):
+        raise RuntimeError("interpreter failure")
+
+    step.function = broken
+    with caplog.at_level(logging.INFO, logger="ort_torch_compat.compile"):
+        engine.train_step(_feeds(engine, spec, 2))  # runs eagerly, and right
+    assert "interpreter failure" in caplog.text
+    step.function = good
+    assert engine.train_runner.path == "eager" and list(engine.train_runner._traced.values()) == [None]
+
+
+def test_eager_setting_traces_nothing(monkeypatch):
+    monkeypatch.setattr(traced_step, "build_traced_step", lambda *a: pytest.fail("traced under 'eager'"))
+    directory = FIXTURES / "transformer_ce_adamw_op17"
+    engine = _engine(directory, "eager")
+    engine.train_step(_feeds(engine, load_spec(directory), 1))
+    assert engine.train_runner.path == "eager"
+    assert compiled.compile_setting(_options("eager")) == "eager"
+
+
+def _options(setting: str) -> SessionOptions:
+    options = SessionOptions()
+    options.add_session_config_entry(compiled.CONFIG_KEY, setting)
+    return options
+
+
+def test_the_drop_in_module_trains_traced_with_eagers_losses(always_faster, monkeypatch):
+    """The plain loop through the drop-in API: module call, optimizer step, lazy reset."""
+    from ort_torch_compat.api import Module, Optimizer
+
+    directory = FIXTURES / "transformer_ce_adamw_op17"
+    spec = load_spec(directory)
+    losses = {}
+    for setting in ("eager", "off"):
+        monkeypatch.setenv(compiled.COMPILE_ENV, setting)
+        state = CheckpointState.load_checkpoint(directory / "checkpoint")
+        module = Module(directory / "training_model.onnx", state, directory / "eval_model.onnx")
+        optimizer = Optimizer(directory / "optimizer_model.onnx", module)
+        losses[setting] = []
+        for step in range(1, 6):
+            batch = make_batch(spec, step, 0)
+            losses[setting].append(np.asarray(module(*[batch[name] for name in module.input_names()])).copy())
+            optimizer.step()
+            module.lazy_reset_grad()
+        assert module._engine.train_runner.path == setting.replace("off", "traced")
+    for a, b in zip(losses["eager"], losses["off"]):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
