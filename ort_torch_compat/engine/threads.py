@@ -63,7 +63,11 @@ def thread_setting(session_options: object = None) -> Optional[int]:
 
 
 _LOAD_READ_INTERVAL_S = 1.0  # the kernel updates the load average every 5 s: read it at most this often
-_load_reading: List = [float("-inf"), None, 1]  # monotonic time of the last read, load average (None: unreadable), cores
+_load_reading: List = [
+    float("-inf"),
+    None,
+    1,
+]  # monotonic time of the last read, load average (None: unreadable), cores
 
 
 def _cores_idle(count: int) -> bool:
