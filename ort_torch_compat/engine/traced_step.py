@@ -15,8 +15,8 @@ subgraphs folded), `joint_graph.joint_train_graph` traces its forward and autogr
 into one graph returning the outputs and the flat gradients, `_script` hands that graph to
 `torch.jit.script`.  The step is checked once against the eager step on the first batch
 (`step_check`: a disagreement refuses it) and timed against it: the runner
-(compiled.py) uses it only where it is faster.  TorchScript is deprecated in torch 2.9+;
-where it is missing or refuses a graph, the steps run eagerly as before.
+(compiled.py) uses it only where it is faster.  TorchScript is deprecated (torch 2.14
+warns); where it is missing or refuses a graph, the steps run eagerly as before.
 """
 
 from __future__ import annotations
