@@ -73,6 +73,25 @@ class FlatGradientStep:
     num_outputs: int
     mutated: List[int]
     grad_groups: List[List[int]]
+    constants: List[torch.Tensor]
+
+    def _arguments(self, tensors: Sequence[torch.Tensor], contiguous_tail: int) -> List[torch.Tensor]:
+        """The step's inputs: `tensors` (the first all but `contiguous_tail` made contiguous:
+        the graph was built for dense row-major inputs), then the constants."""
+        head = len(tensors) - contiguous_tail
+        return [t.contiguous() for t in tensors[:head]] + list(tensors[head:]) + self.constants
+
+    def _split(
+        self, arguments: List[torch.Tensor], results: List[torch.Tensor]
+    ) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+        """(outputs, flat gradients) of the step's results; the new running statistics
+        written into the inputs they update."""
+        after = self.num_outputs + len(self.mutated)
+        if self.mutated:
+            with torch.no_grad():
+                for index, value in zip(self.mutated, results[self.num_outputs : after]):
+                    arguments[index].copy_(value)
+        return results[: self.num_outputs], results[after:]
 
     def run(
         self, tensors: Sequence[torch.Tensor], contiguous_tail: int = 0
@@ -123,7 +142,6 @@ class CompiledTrainStep(FlatGradientStep):
         self.library = torch._C._aoti.AOTIModelContainerRunnerCpu(str(directory / "step.so"), 1)
         self.num_outputs: int = meta["num_outputs"]
         self.mutated: List[int] = meta["mutated"]
-        self.num_results = self.num_outputs + len(self.mutated)
         self.grad_groups: List[List[int]] = meta["grad_groups"]
         self.index_flag: bool = meta["index_flag"]  # the library's last result: every index was in range
         self.constants = constants
@@ -137,18 +155,11 @@ class CompiledTrainStep(FlatGradientStep):
         (graph/index_guard.py): the caller runs the step eagerly, which raises the error.
         The library takes contiguous tensors: the last `contiguous_tail` are known to be
         (the parameter store's views), the others are made so."""
-        head = len(tensors) - contiguous_tail
-        every = [t.contiguous() for t in tensors[:head]]
-        every += tensors[head:]
-        every += self.constants
-        results = self.library.run(every)  # a C++ call: nothing for autograd to record
+        arguments = self._arguments(tensors, contiguous_tail)
+        results = self.library.run(arguments)  # a C++ call: nothing for autograd to record
         if self.index_flag and not results.pop():
             return None
-        if self.mutated:
-            with torch.no_grad():
-                for index, value in zip(self.mutated, results[self.num_outputs : self.num_results]):
-                    every[index].copy_(value)
-        return results[: self.num_outputs], results[self.num_results :]
+        return self._split(arguments, results)
 
 
 def decode_tensor(record: Dict) -> torch.Tensor:

@@ -55,7 +55,6 @@ class TracedTrainStep(FlatGradientStep):
         self.constants = constants
         self.num_outputs = num_outputs
         self.mutated = mutated
-        self.num_results = num_outputs + len(mutated)
         self.grad_groups = grad_groups
         self.error: Optional[BaseException] = None  # why the last run failed
 
@@ -66,21 +65,14 @@ class TracedTrainStep(FlatGradientStep):
         back after the step.  None, having written nothing back, where the graph raised (an
         index out of range, say): the caller runs the eager step, which raises the error
         with its explanation."""
-        head = len(tensors) - contiguous_tail
-        every = [t.contiguous() for t in tensors[:head]]  # the graph was traced on contiguous feeds
-        every += tensors[head:]
-        every += self.constants
+        arguments = self._arguments(tensors, contiguous_tail)
         try:
             with torch.no_grad():  # parameters require grad: no autodiff graph in the interpreter
-                results = self.function(*every)
+                results = self.function(*arguments)
         except Exception as error:  # noqa: BLE001  (the eager step raises it, explained)
             self.error = error
             return None
-        if self.mutated:
-            with torch.no_grad():
-                for index, value in zip(self.mutated, results[self.num_outputs : self.num_results]):
-                    every[index].copy_(value)
-        return results[: self.num_outputs], results[self.num_results :]
+        return self._split(arguments, results)
 
 
 def _script(graph: fx.GraphModule) -> torch.jit.ScriptModule:
