@@ -19,7 +19,15 @@ import pytest
 import torch
 
 from ort_torch_compat.api import CheckpointState
-from ort_torch_compat.engine import TrainingEngine, compile_cache, compile_key, compile_worker, compiled, compiled_step
+from ort_torch_compat.engine import (
+    TrainingEngine,
+    compile_cache,
+    compile_key,
+    compile_worker,
+    compiled,
+    compiled_step,
+    traced_step,
+)
 from ort_torch_compat.legacy import SessionOptions
 from tests.conftest import FIXTURES
 
@@ -199,6 +207,7 @@ def _engine(tmp_path, monkeypatch) -> TrainingEngine:
     monkeypatch.setenv(compile_cache.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(compiled, "_reported", set())
     monkeypatch.setattr(compiled, "cxx_compiler", lambda: "c++")
+    monkeypatch.setattr(traced_step, "torchscript_available", lambda: False)  # the cache alone: eager or compiled
     directory = FIXTURES / "mlp_mse_adamw_op17"
     options = SessionOptions()
     options.add_session_config_entry(compiled.CONFIG_KEY, "auto")
