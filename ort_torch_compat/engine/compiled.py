@@ -182,7 +182,7 @@ class TrainStepRunner:
         if step is not False or not self._trace:
             return step or None
         seen = self._seen[feeds] = self._seen.get(feeds, 0) + 1
-        first = self._signature is not None and feeds == self._signature[: len(feeds)]
+        first = feeds == self._signature[: len(feeds)]  # the runner's first step's feeds
         if not (first or seen > 1) or len(self._traced) >= _MAX_TRACED:
             return None
         self._traced[feeds] = step = self._build_traced(tensors)
@@ -224,7 +224,6 @@ class TrainStepRunner:
             _report(self.label, "the compiled step refused inputs the eager step accepted")
 
     def _first(self, tensors: Sequence[torch.Tensor]) -> None:
-        self._signature = _signature(tensors)
         self._state = "eager"
         try:
             self._key = compile_key.graph_key(self.module, tensors)
