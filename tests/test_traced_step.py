@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(not traced_step.torchscript_available(), reason=
 @pytest.fixture
 def always_faster(monkeypatch):
     """The runner uses a traced step only where it measured it faster: make that certain."""
-    monkeypatch.setattr(traced_step, "time_against_eager", lambda *args: (1.0, 0.5))
+    monkeypatch.setattr(traced_step, "time_steps", lambda module, tensors, steps, rounds: [1.0] + [0.5] * len(steps))
 
 
 def _engine(directory, setting: str) -> TrainingEngine:
@@ -76,6 +76,73 @@ def test_traced_steps_give_the_eager_steps_numbers(config, always_faster):
         assert len(step_expected) == len(step_actual)
         for e, a in zip(step_expected, step_actual):  # the parity suites' tolerance, 10x tighter
             torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+def _times(*traced_ms):
+    """time_steps' answer: eager 1 ms, then each candidate's time (the oneDNN step first)."""
+    return lambda module, tensors, steps, rounds: [1.0, *traced_ms][: 1 + len(steps)]
+
+
+def _onednn_during_steps(monkeypatch) -> list:
+    """Record, for every run of a traced graph from now on, whether oneDNN was on during it."""
+    script, seen = traced_step._script, []
+
+    def spied(graph):
+        function = script(graph)
+
+        def spy(*inputs):
+            seen.append(torch._C._get_mkldnn_enabled())
+            return function(*inputs)
+
+        return spy
+
+    monkeypatch.setattr(traced_step, "_script", spied)
+    return seen
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
+@pytest.mark.parametrize("config", ["frozen_ce_adamw_op17", "cnn_ce_adamw_op17"])  # GELU; convolutions
+@pytest.mark.parametrize("native_faster", [True, False])
+def test_the_faster_of_onednn_and_atens_own_kernels_runs(config, native_faster, monkeypatch):
+    """oneDNN's GELU and convolutions cost ~10 us a call before any work: the step is timed
+    with them and with ATen's own kernels and runs the faster, oneDNN switched back on after
+    each step; the numbers are the eager step's within float32 rounding either way."""
+    monkeypatch.setattr(traced_step, "time_steps", _times(0.5, 0.25) if native_faster else _times(0.25, 0.5))
+    seen = _onednn_during_steps(monkeypatch)
+    directory = FIXTURES / config
+    spec = load_spec(directory)
+    engine = _engine(directory, "off")
+    expected, actual = _train(_engine(directory, "eager"), spec, 3), _train(engine, spec, 3)
+    assert next(iter(engine.train_runner._traced.values())).onednn is not native_faster
+    assert seen[-2:] == [not native_faster] * 2 and torch._C._get_mkldnn_enabled()  # steps 2 and 3
+    for step_expected, step_actual in zip(expected, actual):
+        for e, a in zip(step_expected, step_actual):
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
+def test_onednn_is_back_on_after_a_step_that_raised(monkeypatch):
+    monkeypatch.setattr(traced_step, "time_steps", _times(0.5, 0.25))
+    directory = FIXTURES / "cnn_ce_adamw_op17"
+    spec = load_spec(directory)
+    seen = _onednn_during_steps(monkeypatch)
+    engine = _engine(directory, "off")
+    engine.train_step(_feeds(engine, spec, 1))
+    del seen[:]
+    assert_bad_labels_change_nothing(engine, lambda: _feeds(engine, spec, 2))
+    assert seen and not any(seen) and torch._C._get_mkldnn_enabled()
+
+
+def test_a_user_who_switched_onednn_off_keeps_it_off(monkeypatch):
+    timed = []
+    monkeypatch.setattr(traced_step, "time_steps", lambda module, tensors, steps, rounds: timed.append(steps) or [1.0, 0.5])
+    seen = _onednn_during_steps(monkeypatch)
+    directory = FIXTURES / "frozen_ce_adamw_op17"
+    engine = _engine(directory, "off")
+    with torch.backends.mkldnn.flags(enabled=False):
+        engine.train_step(_feeds(engine, load_spec(directory), 1))
+        engine.train_step(_feeds(engine, load_spec(directory), 2))
+        assert len(timed[0]) == 1 and seen[-1] is False and not torch._C._get_mkldnn_enabled()
 
 
 def test_dropout_draws_the_eager_steps_random_numbers(always_faster):
@@ -148,7 +215,7 @@ def test_which_shapes_are_traced(always_faster, monkeypatch, tmp_path):
 
 
 def test_a_slower_traced_step_is_not_used(monkeypatch):
-    monkeypatch.setattr(traced_step, "time_against_eager", lambda *args: (1.0, 1.5))
+    monkeypatch.setattr(traced_step, "time_steps", lambda module, tensors, steps, rounds: [1.0] + [1.5] * len(steps))
     directory = FIXTURES / "mlp_mse_adamw_op17"
     engine = _engine(directory, "off")
     engine.train_step(_feeds(engine, load_spec(directory), 1))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from typing import Callable, Dict, Iterator, List, Sequence, Tuple
+from typing import Callable, Iterator, List, Sequence, Tuple
 
 import torch
 from torch import fx
@@ -102,24 +102,30 @@ def time_against_eager(
     step, module: fx.GraphModule, tensors: Sequence[torch.Tensor], rounds: int
 ) -> Tuple[float, float]:
     """Median CPU milliseconds of a train step (forward, backward, gradients into `.grad`),
-    eager and by `step`, `rounds` of each interleaved, on one thread (CPU time of one thread
-    is the work itself, whatever else the machine runs)."""
+    eager and by `step`, `rounds` of each interleaved (see `time_steps`)."""
+    eager_ms, step_ms = time_steps(module, tensors, [step], rounds)
+    return eager_ms, step_ms
+
+
+def time_steps(module: fx.GraphModule, tensors: Sequence[torch.Tensor], steps: Sequence, rounds: int) -> List[float]:
+    """Median CPU milliseconds of a train step (forward, backward, gradients into `.grad`):
+    eager, then by each of `steps`; `rounds` of each, interleaved (a load that comes and
+    goes weighs on all alike), on one thread (CPU time of one thread is the work itself,
+    whatever else the machine runs)."""
     copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
-    times: Dict[str, List[float]] = {"eager": [], "step": []}
+    trains: List[Callable] = [functools.partial(eager_train_step, module)] + [step.train for step in steps]
+    times: List[List[float]] = [[] for _ in trains]
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with _untouched(module):
             for _ in range(rounds):
-                for kind, function in (
-                    ("eager", lambda: eager_train_step(module, copies)),
-                    ("step", lambda: step.train(copies)),
-                ):
+                for train, samples in zip(trains, times):
                     begin = time.process_time()
-                    function()
-                    times[kind].append(1000 * (time.process_time() - begin))
+                    train(copies)
+                    samples.append(1000 * (time.process_time() - begin))
                     for copy in copies:
                         copy.grad = None
     finally:
         torch.set_num_threads(previous)
-    return sorted(times["eager"])[rounds // 2], sorted(times["step"])[rounds // 2]
+    return [sorted(samples)[rounds // 2] for samples in times]
