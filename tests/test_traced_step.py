@@ -135,7 +135,9 @@ def test_onednn_is_back_on_after_a_step_that_raised(monkeypatch):
 
 def test_a_user_who_switched_onednn_off_keeps_it_off(monkeypatch):
     timed = []
-    monkeypatch.setattr(traced_step, "time_steps", lambda module, tensors, steps, rounds: timed.append(steps) or [1.0, 0.5])
+    monkeypatch.setattr(
+        traced_step, "time_steps", lambda module, tensors, steps, rounds: timed.append(steps) or [1.0, 0.5]
+    )
     seen = _onednn_during_steps(monkeypatch)
     directory = FIXTURES / "frozen_ce_adamw_op17"
     engine = _engine(directory, "off")
