@@ -110,8 +110,10 @@ def time_against_eager(
 def time_steps(module: fx.GraphModule, tensors: Sequence[torch.Tensor], steps: Sequence, rounds: int) -> List[float]:
     """Median CPU milliseconds of a train step (forward, backward, gradients into `.grad`):
     eager, then by each of `steps`; `rounds` of each, interleaved (a load that comes and
-    goes weighs on all alike), on one thread (CPU time of one thread is the work itself,
-    whatever else the machine runs)."""
+    goes weighs on all alike), each timed step right after an untimed one of its own (as
+    in a training loop: its data in the caches, TorchScript's executor warm; measured on
+    LoRA-tiny, a step right after an eager one takes 1.5x as long), on one thread (the
+    calling thread's CPU time is the work itself, whatever else the machine runs)."""
     copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
     trains: List[Callable] = [functools.partial(eager_train_step, module)] + [step.train for step in steps]
     times: List[List[float]] = [[] for _ in trains]
@@ -121,11 +123,13 @@ def time_steps(module: fx.GraphModule, tensors: Sequence[torch.Tensor], steps: S
         with _untouched(module):
             for _ in range(rounds):
                 for train, samples in zip(trains, times):
-                    begin = time.process_time()
-                    train(copies)
-                    samples.append(1000 * (time.process_time() - begin))
-                    for copy in copies:
-                        copy.grad = None
+                    for timed in (False, True):
+                        begin = time.thread_time()
+                        train(copies)
+                        if timed:
+                            samples.append(1000 * (time.thread_time() - begin))
+                        for copy in copies:
+                            copy.grad = None
     finally:
         torch.set_num_threads(previous)
     return [sorted(samples)[rounds // 2] for samples in times]
