@@ -133,10 +133,10 @@ def test_onednn_is_back_on_after_a_step_that_raised(monkeypatch):
     assert seen and not any(seen) and torch._C._get_mkldnn_enabled()
 
 
-@pytest.mark.parametrize("config", ["frozen_ce_adamw_op17", "mlp_mse_adamw_op17"])
+@pytest.mark.parametrize("config", ["frozen_ce_adamw_op17", "gru_ce_adamw_op17"])
 def test_one_way_timed_without_onednn_or_its_operators(config, monkeypatch):
     """A user who switched oneDNN off keeps it off; a graph without the operators ATen sends
-    to oneDNN (an MLP) is not timed both ways (timing noise would pick either)."""
+    to oneDNN (a GRU) is not timed both ways (timing noise would pick either)."""
     timed = []
     monkeypatch.setattr(
         traced_step, "time_steps", lambda module, tensors, steps, rounds: timed.append(steps) or [1.0, 0.5]
@@ -144,7 +144,7 @@ def test_one_way_timed_without_onednn_or_its_operators(config, monkeypatch):
     seen = _onednn_during_steps(monkeypatch)
     directory = FIXTURES / config
     engine = _engine(directory, "off")
-    with torch.backends.mkldnn.flags(enabled=config.startswith("mlp")):
+    with torch.backends.mkldnn.flags(enabled=config.startswith("gru")):
         engine.train_step(_feeds(engine, load_spec(directory), 1))
         engine.train_step(_feeds(engine, load_spec(directory), 2))
         assert len(timed[0]) == 1 and seen[-1] is torch._C._get_mkldnn_enabled()
