@@ -201,10 +201,11 @@ class TrainStepRunner:
             )
             return None
         log.info(
-            "%s: traced the train step in %.2f s (%.2f ms a step, eager %.2f ms)",
+            "%s: traced the train step in %.2f s (%.2f ms a step%s, eager %.2f ms)",
             self.label,
             time.perf_counter() - began,
             traced_ms,
+            "" if step.onednn else " with ATen's kernels instead of oneDNN's",
             eager_ms,
         )
         return step if traced_ms < eager_ms else None
