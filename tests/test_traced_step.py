@@ -151,6 +151,45 @@ def test_one_way_timed_without_onednn_or_its_operators(config, monkeypatch):
     assert engine.train_runner.path == "traced"
 
 
+def test_redundant_views_are_dropped_and_nothing_else_changes():
+    """Reshapes to the shape a tensor has, transposes of transposes, detaches and reshape
+    chains go; a reshape of a transposed (not dense) tensor and every computing call stay."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def function(x, w):
+        y = torch.mm(x.view(4, 6).view(4, 6), w.t().t().t())  # view to its own shape, t(t(t(w)))
+        z = y.view(2, 2, 5).view(4, 5).reshape(20).view(2, 10)  # a chain on a dense tensor
+        s = x.t().reshape(24)  # not dense: copies, stays
+        return z.detach().sum() + s.sum(), y.expand(4, 5)
+
+    inputs = (torch.randn(4, 6), torch.randn(5, 6))
+    graph = make_fx(function)(*inputs)
+    calls = lambda: [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]  # noqa: E731
+    before, expected = calls(), function(*inputs)
+    assert traced_step.drop_redundant_views(graph) == 8
+    after = calls()
+    assert len(after) < len(before) - 5 and not {"aten.detach.default", "aten.alias.default"} & set(after)
+    assert after.count("aten.t.default") == 2  # x.t() and one of w's three
+    assert [
+        c
+        for c in after
+        if c not in ("aten.view.default", "aten.t.default", "aten.expand.default", "aten._unsafe_view.default")
+    ] == [
+        c
+        for c in before
+        if c
+        not in (
+            "aten.view.default",
+            "aten.t.default",
+            "aten.expand.default",
+            "aten.detach.default",
+            "aten._unsafe_view.default",
+        )
+    ]
+    for a, e in zip(graph(*inputs), expected):
+        assert torch.equal(a, e)
+
+
 def test_dropout_draws_the_eager_steps_random_numbers(always_faster):
     """Random operators stay in the traced graph and draw from torch's generator in the
     eager step's order: the same seed gives the same masks, losses and gradients."""
