@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 
 import numpy as np
 import onnx
@@ -175,6 +176,32 @@ def test_redundant_views_are_dropped_and_nothing_else_changes():
     assert [c for c in after if c not in views] == [c for c in before if c not in views]  # the computing calls
     for a, e in zip(graph(*inputs), expected):
         assert torch.equal(a, e)
+
+
+@pytest.mark.parametrize("budget_s, rounds_run", [(60.0, 3), (0.0, 1)])
+def test_step_timing_warms_each_step_and_keeps_the_least(budget_s, rounds_run, monkeypatch):
+    """time_steps: each timed run right after an untimed one of the same step, the least
+    of the rounds; rounds after the first only within the time budget."""
+    from ort_torch_compat.engine import step_check
+
+    monkeypatch.setattr(step_check, "_TIMING_BUDGET_S", budget_s)
+    directory = FIXTURES / "mlp_mse_adamw_op17"
+    engine = _engine(directory, "eager")
+    tensors = [*_feeds(engine, load_spec(directory), 1), *engine._train_params]
+    calls, costs = [], iter([5.0, 1.0, 3.0, 2.0, 4.0, 6.0])  # ms of CPU each timed run of the fake step
+
+    class Fake:
+        def train(self, copies):
+            calls.append("fake")
+            spend = next(costs) / 1000 if len(calls) % 2 == 0 else 0.0  # the untimed run costs nothing
+            begin = time.thread_time()
+            while time.thread_time() - begin < spend:
+                pass
+
+    eager_ms, fake_ms = step_check.time_steps(engine.train_runner.module, tensors, [Fake()], 3)
+    assert len(calls) == 2 * rounds_run
+    assert fake_ms == pytest.approx(1.0 if rounds_run == 3 else 5.0, abs=0.5)
+    assert eager_ms > 0
 
 
 def test_dropout_draws_the_eager_steps_random_numbers(always_faster):
