@@ -19,13 +19,14 @@ into one graph returning the outputs and the flat gradients, `_script` hands tha
 warns); where it is missing or refuses a graph, the steps run eagerly as before.
 
 Kernels: ATen sends some float32 CPU operators to oneDNN (GELU and its backward,
-convolutions), which costs 7-11 us a call before any work (GELU on a 2x8x64 tensor:
-9.3 us against ATen's own 2.4 us; its backward 14.7 against 3.1) and pays only on large
-tensors (a depthwise convolution, though, is 4x slower without it: MobileNet-v2's step).
-A step with such operators is timed both ways at build, with oneDNN and with ATen's own kernels
+convolutions), which costs 7-11 us a call before any work (GELU on a 2x8x64 tensor: 9.3 us
+against ATen's own 2.4 us; its backward 14.7 against 3.1) and pays only on large tensors
+(depthwise convolutions, though, are 4x slower without it: MobileNet-v2's step).  A graph
+with such operators is timed both ways at build, with oneDNN and with ATen's own kernels
 (`torch.backends.mkldnn` switched off around the step, on again after), and runs ATen's
-where they are clearly faster (by 10%; timing noise on a graph without such operators
-would otherwise pick either); ATen's own kernels agree with oneDNN's within float32 rounding (GELU: 7e-7).
+where they take at most 90% of the time; ATen's kernels agree with oneDNN's within float32
+rounding (GELU: 7e-7).  Graphs without them are not timed both ways: timing noise would
+pick either.  `drop_redundant_views` removes the view calls that change nothing first.
 """
 
 from __future__ import annotations
