@@ -181,7 +181,9 @@ def build_traced_step(module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -
     spec = specialize(module, tensors, allow_random=True, fold_constants=True)
     graph = joint_train_graph(spec, tensors, {})
     drop_redundant_views(graph)
-    operators = {node.target.__name__.split(".")[0] for node in graph.graph.nodes if node.op == "call_function"}
+    operators = {
+        getattr(node.target, "__name__", "").split(".")[0] for node in graph.graph.nodes if node.op == "call_function"
+    }
     step = TracedTrainStep(
         _script(graph), list(spec.constants), spec.num_outputs, spec.mutated, gradient_groups(tensors)
     )
