@@ -188,15 +188,13 @@ def build_traced_step(module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -
         _script(graph), list(spec.constants), spec.num_outputs, spec.mutated, gradient_groups(tensors)
     )
     check_against_eager(step, module, tensors)
-    if not (operators & _ONEDNN_OPERATORS and torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()):
-        eager_ms, traced_ms = time_steps(module, tensors, [step], _TIMED_ROUNDS)
-        return step, eager_ms, traced_ms
-    native = step.without_onednn()
-    eager_ms, traced_ms, native_ms = time_steps(module, tensors, [step, native], _TIMED_ROUNDS)
-    if native_ms < _NATIVE_MARGIN * traced_ms:  # a clear gain (GELU's: 20%), not timing noise
+    onednn_on = torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()
+    candidates = [step, step.without_onednn()] if operators & _ONEDNN_OPERATORS and onednn_on else [step]
+    eager_ms, traced_ms, *native_ms = time_steps(module, tensors, candidates, _TIMED_ROUNDS)
+    if native_ms and native_ms[0] < _NATIVE_MARGIN * traced_ms:  # a clear gain (GELU's: 20%), not noise
         try:
-            check_against_eager(native, module, tensors)
+            check_against_eager(candidates[1], module, tensors)
         except NotSpecializable:  # not expected (the kernels agree within rounding): keep oneDNN's
             return step, eager_ms, traced_ms
-        return native, eager_ms, native_ms
+        return candidates[1], eager_ms, native_ms[0]
     return step, eager_ms, traced_ms
