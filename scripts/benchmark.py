@@ -582,6 +582,7 @@ def main() -> None:
     machine = {
         "platform": platform.platform(),
         "processor": platform.processor(),
+        "cpu": _cpu_description(),
         "cpus": os.cpu_count(),
         "torch": _torch_version(),
         "threads": args.threads,
@@ -614,6 +615,20 @@ def _gpu_name(device: str):
     import torch
 
     return torch.cuda.get_device_name(torch.device(device))
+
+
+def _cpu_description() -> str:
+    """The CPU's model name and last-level cache size from /proc/cpuinfo (platform.processor()
+    is empty on Linux): shared machines differ by host, and ratios to ORT with them."""
+    try:
+        lines = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine()
+    fields = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return f"{fields.get('model name', platform.machine())}, cache {fields.get('cache size', '?')}"
 
 
 def _torch_version() -> str:
