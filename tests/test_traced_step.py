@@ -176,10 +176,22 @@ def test_redundant_views_are_dropped_and_nothing_else_changes():
     graph = make_fx(function)(*inputs)
     calls = lambda: [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]  # noqa: E731
     before, expected = calls(), function(*inputs)
-    assert traced_step.drop_redundant_views(graph) == 8
+    dropped = traced_step.drop_redundant_views(graph)
     after = calls()
-    assert len(after) < len(before) - 5 and not {"aten.detach.default", "aten.alias.default"} & set(after)
-    assert after.count("aten.t.default") == 2  # x.t() and one of w's three
+    # torch 2.6 records z.detach() as two detach calls, 2.14 as one alias: the same 9 calls left;
+    # every other call counted as dropped or shortened but one, a view of the chain erased with it
+    assert dropped == len(before) - len(after) - 1
+    assert after == [
+        "aten.t.default",  # one of w's three transposes
+        "aten.mm.default",
+        "aten.view.default",  # y's reshape chain, in one view
+        "aten.t.default",  # x.t() ...
+        "aten.clone.default",  # ... and its reshape's copy
+        "aten._unsafe_view.default",
+        "aten.sum.default",
+        "aten.sum.default",
+        "aten.add.Tensor",
+    ]
     views = {"aten.view.default", "aten._unsafe_view.default", "aten.t.default", "aten.expand.default"}
     views |= {"aten.detach.default", "aten.alias.default"}
     assert [c for c in after if c not in views] == [c for c in before if c not in views]  # the computing calls
