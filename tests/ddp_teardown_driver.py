@@ -12,46 +12,63 @@ import importlib.util
 import os
 import pathlib
 import sys
-from typing import List
+from typing import Dict, List, Set
 
 EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "ddp_train.py"
 
 
-def gloo_threads() -> List[str]:
-    """Names of this process's threads that belong to gloo or torch's gloo process group."""
-    names = []
+def _threads() -> Dict[str, str]:
+    """This process's threads: id -> name (/proc/self/task)."""
+    threads = {}
     for task in os.listdir("/proc/self/task"):
         try:
-            name = pathlib.Path("/proc/self/task", task, "comm").read_text().strip()
+            threads[task] = pathlib.Path("/proc/self/task", task, "comm").read_text().strip()
         except OSError:  # the thread ended meanwhile
             continue
-        if "gloo" in name:
-            names.append(name)
-    return sorted(names)
+    return threads
+
+
+def gloo_threads(started_by_init: Set[str]) -> List[str]:
+    """The threads of gloo and torch's gloo process group still alive: those named so (torch
+    2.14: gloo_tcp_loop, pt_gloo_runloop) and those `init_process_group` started (torch 2.6
+    leaves its gloo threads with the interpreter's name), as 'name (id)'."""
+    return sorted(f"{name} ({task})" for task, name in _threads().items() if "gloo" in name or task in started_by_init)
 
 
 def main() -> None:
+    import torch.distributed as dist
+
     spec = importlib.util.spec_from_file_location("ddp_train_example", EXAMPLE)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
 
-    seen_while_training: List[str] = []
-    train = example.train
-
-    def train_and_look(*args, **kwargs):
-        result = train(*args, **kwargs)
-        seen_while_training.extend(gloo_threads())
-        return result
-
     if not os.path.isdir("/proc/self/task"):  # not Linux: run the example unchecked
         example.main(sys.argv[1:])
         return
-    example.train = train_and_look
-    example.main(sys.argv[1:])
-    left = gloo_threads()
+    started_by_init: Set[str] = set()
+    seen_while_training: List[str] = []
+    init_process_group, train = dist.init_process_group, example.train
+
+    def init_and_look(*args, **kwargs):
+        before = set(_threads())
+        result = init_process_group(*args, **kwargs)
+        started_by_init.update(set(_threads()) - before)
+        return result
+
+    def train_and_look(*args, **kwargs):
+        result = train(*args, **kwargs)
+        seen_while_training.extend(gloo_threads(started_by_init))
+        return result
+
+    dist.init_process_group, example.train = init_and_look, train_and_look
+    try:
+        example.main(sys.argv[1:])
+    finally:
+        dist.init_process_group = init_process_group
+    left = gloo_threads(started_by_init)
     print(f"gloo threads after training: {seen_while_training}; after main(): {left}", flush=True)
     if not seen_while_training:
-        sys.exit("no gloo thread seen while training: their names changed, update gloo_threads()")
+        sys.exit("no gloo thread seen while training: init_process_group started none and none is named gloo")
     if left:
         sys.exit(f"gloo threads outlive main(): {left}")
 
