@@ -53,12 +53,18 @@ def shared_cache(tmp_path_factory) -> pathlib.Path:
     return tmp_path_factory.mktemp("compile_cache")
 
 
-def test_a_run_switches_to_the_compiled_step_midway_with_eager_numbers(monkeypatch, shared_cache):
+def test_a_run_switches_to_the_compiled_step_midway_with_eager_numbers(monkeypatch, shared_cache, tmp_path):
     """Default settings, cold cache: steps run traced (engine/traced_step.py) while the
     worker compiles, then compiled.  Every step (accumulating ones included) is compared with an eager engine
     started from the same parameters: outputs and gradients within the parity tolerance."""
     monkeypatch.setenv(compile_cache.CACHE_ENV, str(shared_cache))
     monkeypatch.setattr(compiled, "_FASTER", float("inf"))  # switch even where compiling gains nothing
+    # The user's directory holds another copy of the package (a source checkout, say): the
+    # worker (`python -m ...`) must import this one, not that
+    decoy = tmp_path / "ort_torch_compat"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("raise ImportError('the decoy package in the working directory')\n")
+    monkeypatch.chdir(tmp_path)
     auto, eager = _engine("auto"), _engine("eager")
     paths, begin, step = [], time.monotonic(), 0
     while paths.count("compiled") < 6:
@@ -76,6 +82,7 @@ def test_a_run_switches_to_the_compiled_step_midway_with_eager_numbers(monkeypat
                     reference.grad.copy_(mine.grad)
         actual, expected = auto.train_step(_feeds(auto, step)), eager.train_step(_feeds(eager, step))
         paths.append(auto.train_runner.path)
+        assert paths[-1] in ("compiling", "compiled"), f"the compile failed: {auto.train_runner._state}"
         for a, e in zip(actual, expected):
             torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
         for mine, reference in zip(_params(auto), _params(eager)):

@@ -462,6 +462,29 @@ def test_cache_key_follows_shapes_and_graph_not_parameter_values():
     np.testing.assert_equal(len(key), 32)
 
 
+def test_cache_key_reads_the_library_sources_contents_not_where_they_lie(monkeypatch, tmp_path):
+    """The same sources from two directories give one key, in whichever order their paths
+    sort (a compile worker that imported the library from elsewhere built 'another graph')."""
+    engine, spec = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "eager"})
+    tensors = _feeds(engine, spec, 1) + engine._train_params
+    key = compile_key.graph_key(engine.train_module, tensors)
+    sources = [pathlib.Path(path) for path in compile_key._COMPILER_SOURCES]
+    for first, second in (("a", "b"), ("b", "a")):  # the first two files' paths sort one way, then the other
+        copies = []
+        for index, source in enumerate(sources):
+            copy = tmp_path / first / source.name if index == 0 else tmp_path / second / source.name
+            copy.parent.mkdir(exist_ok=True)
+            copy.write_bytes(source.read_bytes())
+            copies.append(str(copy))
+        monkeypatch.setattr(compile_key, "_COMPILER_SOURCES", tuple(copies))
+        compile_key._file_digest.cache_clear()
+        assert compile_key.graph_key(engine.train_module, tensors) == key
+    pathlib.Path(copies[1]).write_bytes(sources[1].read_bytes() + b"# changed\n")
+    compile_key._file_digest.cache_clear()
+    assert compile_key.graph_key(engine.train_module, tensors) != key  # a changed source still changes it
+    compile_key._file_digest.cache_clear()
+
+
 def test_auto_compiles_in_the_background_from_the_first_step(monkeypatch, tmp_path, inline_worker):
     """ "auto" starts the worker at the first step (in the background) and trains eagerly
     until it is done; "on" waits for it; a failed compile leaves eager steps and one warning."""

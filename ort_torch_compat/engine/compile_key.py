@@ -43,8 +43,10 @@ def _stable_repr(value: object) -> str:
 def graph_key(module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -> str:
     """Everything the compiled code depends on, without tracing: torch version, CPU
     capability and instruction-set extensions, the converted graph (code, each module's class, attributes and buffers),
-    the source files of those classes and of the compiler path, and the inputs' shapes,
-    dtypes and requires_grad flags (parameter values are inputs, not part of the key)."""
+    the source files of those classes and of the compiler path (their contents: the same
+    library installed elsewhere, or imported by a worker from another directory, gives the
+    same key), and the inputs' shapes, dtypes and requires_grad flags (parameter values are
+    inputs, not part of the key)."""
     from ..graph import dense_kernel, index_guard, specialize
 
     digest = hashlib.sha256()
@@ -63,8 +65,8 @@ def graph_key(module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -> str:
         for buffer_name, buffer in sub.named_buffers(recurse=False):
             digest.update(f"{buffer_name}|{buffer.dtype}|{tuple(buffer.shape)}".encode())
             digest.update(tensor_bytes(buffer))
-    for path in sorted(sources):
-        digest.update(_file_digest(path).encode())
+    for file_digest in sorted(_file_digest(path) for path in sources):  # by content, not by where it lies
+        digest.update(file_digest.encode())
     for tensor in tensors:
         digest.update(f"{tuple(tensor.shape)}|{tensor.dtype}|{tensor.requires_grad}|{tensor.device.type}".encode())
     return digest.hexdigest()[:32]

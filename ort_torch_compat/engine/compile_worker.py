@@ -56,7 +56,7 @@ class CompileWorker:
         job = {
             "recipe": recipe,
             "key": key,
-            "root": str(root),
+            "root": str(pathlib.Path(root).absolute()),  # the worker runs in another directory
             "nice": _BACKGROUND_NICE if background else 0,
             "tensors": [t.detach().to("cpu").clone().requires_grad_(t.requires_grad) for t in tensors],
         }
@@ -72,6 +72,9 @@ class CompileWorker:
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             env=environment,
+            # `-m` puts the working directory first on sys.path: in the package's own root the
+            # worker imports this copy of the library, not one that the user's directory holds
+            cwd=package_root,
             start_new_session=True,
         )
         self._result: Optional[Dict] = None
