@@ -114,7 +114,9 @@ def conditions(report: dict) -> str:
     machine = report["machine"]
     device = machine["device"] + (f" ({machine['gpu']})" if machine.get("gpu") else "")
     return (
-        f"{machine['cpus']} CPUs ({machine['processor'] or machine['platform']}), torch {machine['torch']}, "
+        f"{machine['cpus']} CPUs ({machine['processor'] or machine['platform']}"
+        + (f"; {machine['cpu']}" if machine.get("cpu") else "")
+        + f"), torch {machine['torch']}, "
         f"threads {machine['threads'] or 'default'}, device {device}, size {report.get('size', 'bench')}; "
         f"{report['rounds']} interleaved "
         f"rounds of {report['steps']} steps after {report['warmup']} warm-up steps, medians; load = number of "
