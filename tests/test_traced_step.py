@@ -30,8 +30,25 @@ pytestmark = pytest.mark.skipif(not traced_step.torchscript_available(), reason=
 
 @pytest.fixture
 def always_faster(monkeypatch):
-    """The runner uses a traced step only where it measured it faster: make that certain."""
-    monkeypatch.setattr(traced_step, "time_steps", lambda module, tensors, steps, rounds: [1.0] + [0.5] * len(steps))
+    """The runner uses a traced step only where it measured it faster: make that certain
+    (and Static Runtime no faster than the interpreter: the interpreter runs it)."""
+    _timed(monkeypatch, traced_ms=0.5, static_ms=0.5)
+
+
+def _timed(monkeypatch, traced_ms: float, static_ms: float, eager_ms: float = 1.0) -> None:
+    """The timings' answers: eager `eager_ms`, a traced step `traced_ms` on the interpreter
+    and `static_ms` on Static Runtime (time_steps with the eager step first, time_runs without)."""
+
+    def times(steps):
+        return [static_ms if step.static else traced_ms for step in steps]
+
+    monkeypatch.setattr(traced_step, "time_steps", lambda module, tensors, steps, rounds: [eager_ms, *times(steps)])
+    monkeypatch.setattr(traced_step, "time_runs", lambda module, tensors, steps, rounds: times(steps))
+
+
+_static_runtime_available = pytest.mark.skipif(
+    not hasattr(torch._C, "_jit_to_static_module"), reason="this torch has no Static Runtime"
+)
 
 
 def _engine(directory, setting: str) -> TrainingEngine:
@@ -77,6 +94,86 @@ def test_traced_steps_give_the_eager_steps_numbers(config, always_faster):
         assert len(step_expected) == len(step_actual)
         for e, a in zip(step_expected, step_actual):  # the parity suites' tolerance, 10x tighter
             torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+@_static_runtime_available
+@pytest.mark.parametrize(
+    "config",
+    [
+        "transformer_ce_adamw_op17",
+        "cnn_ce_adamw_op17",  # BatchNorm: running statistics written back after the run
+        "lstm_ce_adamw_op17",
+        "twoout_mse_adamw_lossinput_addout_op17",
+        "frozen_ce_adamw_op17",
+    ],
+)
+def test_static_runtime_steps_give_the_eager_steps_numbers(config, monkeypatch):
+    """Where Static Runtime is faster the traced graph runs on it (no interpreter per call;
+    out-variant kernels into planned memory): the eager steps' numbers, step after step."""
+    _timed(monkeypatch, traced_ms=0.5, static_ms=0.25)
+    directory = FIXTURES / config
+    spec = load_spec(directory)
+    eager, traced = _engine(directory, "eager"), _engine(directory, "off")
+    expected, actual = _train(eager, spec, 4), _train(traced, spec, 4)
+    assert next(iter(traced.train_runner._traced.values())).static
+    for step_expected, step_actual in zip(expected, actual):
+        assert len(step_expected) == len(step_actual)
+        for e, a in zip(step_expected, step_actual):
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+class _SecondRunFails:
+    """A stand-in Static Runtime that runs the graph once, then raises (as torch 2.14's does
+    on LoRA-tiny's graph: 'Cannot access data pointer of Tensor that doesn't have storage')."""
+
+    def __init__(self, script_module):
+        self.function, self.runs = script_module, 0
+
+    def __call__(self, *inputs):
+        self.runs += 1
+        if self.runs > 1:
+            raise RuntimeError("Cannot access data pointer of Tensor that doesn't have storage")
+        return self.function(*inputs)
+
+
+@_static_runtime_available
+def test_static_runtime_is_checked_past_its_first_runs(monkeypatch, caplog):
+    _timed(monkeypatch, traced_ms=0.5, static_ms=0.25)
+    scripted = {}
+    monkeypatch.setattr(
+        traced_step, "_script", lambda graph, script=traced_step._script: scripted.setdefault(0, script(graph))
+    )
+    monkeypatch.setattr(torch._C, "_jit_to_static_module", lambda c: _SecondRunFails(scripted[0]))
+    directory = FIXTURES / "mlp_mse_adamw_op17"
+    spec = load_spec(directory)
+    engine = _engine(directory, "off")
+    with caplog.at_level(logging.INFO, logger="ort_torch_compat.compile"):
+        actual = _train(engine, spec, 3)
+    step = next(iter(engine.train_runner._traced.values()))
+    assert step is not None and not step.static  # the interpreter runs it
+    assert "Static Runtime's step is not used" in caplog.text and "doesn't have storage" in caplog.text
+    for e, a in zip(_train(_engine(directory, "eager"), spec, 3)[-1], actual[-1]):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+@_static_runtime_available
+@pytest.mark.parametrize(
+    "traced_ms, static_ms, tried",
+    [
+        (0.5, 0.47, True),  # 6% faster: within timing noise
+        (30.0, 1.0, False),  # a 30 ms traced step: kernels dominate, not tried
+    ],
+)
+def test_static_runtime_runs_only_where_clearly_faster(traced_ms, static_ms, tried, monkeypatch):
+    _timed(monkeypatch, traced_ms, static_ms, eager_ms=2 * traced_ms)
+    built = []
+    make = torch._C._jit_to_static_module
+    monkeypatch.setattr(torch._C, "_jit_to_static_module", lambda c: built.append(c) or make(c))
+    directory = FIXTURES / "mlp_mse_adamw_op17"
+    engine = _engine(directory, "off")
+    engine.train_step(_feeds(engine, load_spec(directory), 1))
+    step = next(iter(engine.train_runner._traced.values()))
+    assert step is not None and not step.static and bool(built) is tried
 
 
 def _times(*traced_ms):
@@ -295,7 +392,7 @@ def test_which_shapes_are_traced(always_faster, monkeypatch, tmp_path):
 
 
 def test_a_slower_traced_step_is_not_used(monkeypatch):
-    monkeypatch.setattr(traced_step, "time_steps", lambda module, tensors, steps, rounds: [1.0] + [1.5] * len(steps))
+    _timed(monkeypatch, traced_ms=1.5, static_ms=1.5)
     directory = FIXTURES / "mlp_mse_adamw_op17"
     engine = _engine(directory, "off")
     engine.train_step(_feeds(engine, load_spec(directory), 1))

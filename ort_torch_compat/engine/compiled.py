@@ -205,7 +205,8 @@ class TrainStepRunner:
             self.label,
             time.perf_counter() - began,
             traced_ms,
-            "" if step.onednn else " with ATen's kernels instead of oneDNN's",
+            ("" if step.onednn else " with ATen's kernels instead of oneDNN's")
+            + (" on Static Runtime" if step.static else ""),
             eager_ms,
         )
         return step if traced_ms < eager_ms else None

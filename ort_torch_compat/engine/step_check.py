@@ -62,8 +62,10 @@ def _untouched(module: fx.GraphModule) -> Iterator[Callable[[], None]]:
         reset()
 
 
-def check_against_eager(step, module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -> None:
-    """One step of `step` (its `train`) and of the eager `module` on copies of `tensors`.
+def check_against_eager(step, module: fx.GraphModule, tensors: Sequence[torch.Tensor], runs: int = 1) -> None:
+    """One step of the eager `module` and `runs` of `step` (its `train`), each on fresh
+    copies of `tensors` from the same state (a runtime that plans its memory on its first
+    runs, traced_step.py's Static Runtime, is checked past them).
 
     Outputs, updated inputs (running statistics) and buffers must agree elementwise within
     float32 rounding.  Gradients are compared by norm: a ReLU network's gradient jumps where
@@ -79,6 +81,9 @@ def check_against_eager(step, module: fx.GraphModule, tensors: Sequence[torch.Te
         copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
         outputs = train(copies)
         if outputs is None:  # the compiled step's index flag (the eager step raised first, or disagrees)
+            error = getattr(step, "error", None)  # a traced step's: what its graph raised
+            if error is not None:
+                raise NotSpecializable(f"the step raised {type(error).__name__}: {str(error).splitlines()[0][:200]}")
             raise RuntimeError("the compiled step found an index out of range in the first batch")
         values = [o.detach() for o in outputs] + [c.detach() for c in copies]
         values += [b.detach().clone() for b in module.buffers()]
@@ -87,16 +92,19 @@ def check_against_eager(step, module: fx.GraphModule, tensors: Sequence[torch.Te
 
     with _untouched(module) as reset:
         eager_values, eager_grads = run(functools.partial(eager_train_step, module), reset)
-        values, grads = run(step.train, reset)
-    if len(values) != len(eager_values) or len(grads) != len(eager_grads):
-        raise NotSpecializable("the compiled step returns other values than the eager step")
-    worst = max(
-        [_elementwise_excess(c, e) for c, e in zip(values, eager_values)]
-        + [_norm_excess(c, e) for c, e in zip(grads, eager_grads)],
-        default=0.0,
-    )
-    if worst > 0:
-        raise NotSpecializable(f"the compiled step disagrees with the eager step (excess difference {worst:.3g})")
+        for _ in range(runs):
+            values, grads = run(step.train, reset)
+            if len(values) != len(eager_values) or len(grads) != len(eager_grads):
+                raise NotSpecializable("the compiled step returns other values than the eager step")
+            worst = max(
+                [_elementwise_excess(c, e) for c, e in zip(values, eager_values)]
+                + [_norm_excess(c, e) for c, e in zip(grads, eager_grads)],
+                default=0.0,
+            )
+            if worst > 0:
+                raise NotSpecializable(
+                    f"the compiled step disagrees with the eager step (excess difference {worst:.3g})"
+                )
 
 
 def time_against_eager(
@@ -119,9 +127,24 @@ def time_steps(module: fx.GraphModule, tensors: Sequence[torch.Tensor], steps: S
     time (on a noisy machine, medians of 3 chose oneDNN's GELU for LoRA-tiny in 1 run of 3
     though ATen's is 20% faster).  Rounds after the first only while the timing has taken
     less than `_TIMING_BUDGET_S` (ResNet-18-tiny: 6 steps of 60-100 ms a round)."""
-    copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
     trains: List[Callable] = [functools.partial(eager_train_step, module)] + [step.train for step in steps]
-    times: List[List[float]] = [[] for _ in trains]
+    return _least_cpu_ms(module, tensors, trains, rounds)
+
+
+def time_runs(module: fx.GraphModule, tensors: Sequence[torch.Tensor], steps: Sequence, rounds: int) -> List[float]:
+    """Least CPU milliseconds of each of `steps`' `run` (outputs and flat gradients, as the
+    engine calls it; no eager step, no `.grad` written), timed as `time_steps` times: for
+    choosing between two forms of one step, whose difference the per-parameter gradient
+    copies of `train` would dilute."""
+    return _least_cpu_ms(module, tensors, [step.run for step in steps], rounds)
+
+
+def _least_cpu_ms(
+    module: fx.GraphModule, tensors: Sequence[torch.Tensor], calls: Sequence[Callable], rounds: int
+) -> List[float]:
+    """Least CPU milliseconds of each of `calls` on copies of `tensors` (see `time_steps`)."""
+    copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+    times: List[List[float]] = [[] for _ in calls]
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -130,10 +153,10 @@ def time_steps(module: fx.GraphModule, tensors: Sequence[torch.Tensor], steps: S
             for round_ in range(rounds):
                 if round_ and time.perf_counter() - started > _TIMING_BUDGET_S:
                     break  # long steps: one round says enough, and each costs the user's first step
-                for train, samples in zip(trains, times):
+                for call, samples in zip(calls, times):
                     for timed in (False, True):
                         begin = time.thread_time()
-                        train(copies)
+                        call(copies)
                         if timed:
                             samples.append(1000 * (time.thread_time() - begin))
                         for copy in copies:

@@ -27,10 +27,21 @@ with such operators is timed both ways at build, with oneDNN and with ATen's own
 where they take at most 90% of the time; ATen's kernels agree with oneDNN's within float32
 rounding (GELU: 7e-7).  Graphs without them are not timed both ways: timing noise would
 pick either.  `drop_redundant_views` removes the view calls that change nothing first.
+
+Static Runtime (TorchScript's other executor, `torch._C._jit_to_static_module`): out-variant
+kernels writing into memory planned from the first runs, no interpreter frame per call.
+On the tiny transformers and the LSTM its step takes 0.69-0.84 of the interpreter's
+(docs/design.md); on the convolutional and hand-made models it is slower.  So a traced step
+of at most `_STATIC_MAX_MS` is also built on it, checked against the eager step on three
+runs (past its recording and planning runs), timed against the interpreter (`time_runs`)
+and used where it takes at most 90% of the time.  It fails on its second run where a
+backward call leaves an output undefined (a frozen LayerNorm's weight gradient), so its
+graph asks for every backward output (`fill_output_masks`; the extra ones are dropped).
 """
 
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import List, Optional, Sequence, Tuple
 
@@ -39,10 +50,14 @@ from torch import fx
 
 from .compiled_step import FlatGradientStep, gradient_groups
 from .joint_graph import joint_train_graph
-from .step_check import check_against_eager, time_steps
+from .step_check import check_against_eager, time_runs, time_steps
 
 _TIMED_ROUNDS = 3  # eager and traced steps timed, interleaved, before the traced step is used
 _NATIVE_MARGIN = 0.9  # ATen's own kernels replace oneDNN's where they take at most this share of the time
+_STATIC_MARGIN = 0.9  # Static Runtime replaces the interpreter where it takes at most this share of the time
+_STATIC_MAX_MS = 20.0  # traced steps longer than this are kernel-bound: Static Runtime is not tried
+_STATIC_TIMED_ROUNDS = 10  # rounds of the two forms' runs (~20 ms on the tiny transformers)
+_STATIC_CHECKED_RUNS = 3  # its first run records, the second plans its memory: checked past both
 # the operators ATen sends to oneDNN on float32 CPU tensors (ATen's use_mkldnn checks): graphs
 # without them are not timed both ways
 _ONEDNN_OPERATORS = {"gelu", "gelu_backward", "convolution", "convolution_backward"}
@@ -65,8 +80,10 @@ class TracedTrainStep(FlatGradientStep):
         mutated: List[int],
         grad_groups: List[List[int]],
         onednn: bool = True,
+        static: bool = False,
     ):
-        self.function = function
+        self.function = function  # a ScriptModule, or its Static Runtime (`static`)
+        self.static = static
         self.constants = constants
         self.num_outputs = num_outputs
         self.mutated = mutated
@@ -77,7 +94,16 @@ class TracedTrainStep(FlatGradientStep):
     def without_onednn(self) -> "TracedTrainStep":
         """The same step, run with ATen's own kernels where it would call oneDNN's."""
         return TracedTrainStep(
-            self.function, self.constants, self.num_outputs, self.mutated, self.grad_groups, onednn=False
+            self.function, self.constants, self.num_outputs, self.mutated, self.grad_groups, False, self.static
+        )
+
+    def on_static_runtime(self, function: Optional[torch.jit.ScriptModule] = None) -> "TracedTrainStep":
+        """The same step run by TorchScript's Static Runtime (see the module docstring): this
+        step's graph, or `function` (its graph with every backward output computed).  Raises
+        what Static Runtime raises where it refuses the graph."""
+        runtime = torch._C._jit_to_static_module((function or self.function)._c)
+        return TracedTrainStep(
+            runtime, self.constants, self.num_outputs, self.mutated, self.grad_groups, self.onednn, static=True
         )
 
     def run(
@@ -102,6 +128,8 @@ class TracedTrainStep(FlatGradientStep):
                 torch._C._set_mkldnn_enabled(True)
         return self._split(arguments, results)
 
+
+log = logging.getLogger("ort_torch_compat.compile")
 
 _aten = torch.ops.aten
 _RESHAPES = {_aten.view.default, _aten._unsafe_view.default, _aten.reshape.default}
@@ -173,10 +201,11 @@ def _script(graph: fx.GraphModule) -> torch.jit.ScriptModule:
 
 def build_traced_step(module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -> Tuple[TracedTrainStep, float, float]:
     """The traced step of `module` for inputs shaped like `tensors` (feeds, then parameters),
-    checked against the eager step, with or without oneDNN's kernels, whichever is faster;
-    with the eager and traced step's CPU milliseconds.  Raises NotSpecializable (or what
-    TorchScript raises) where the graph cannot be traced."""
-    from ..graph.specialize import NotSpecializable, specialize
+    checked against the eager step, with or without oneDNN's kernels and on the interpreter
+    or Static Runtime, whichever is faster; with the eager and traced step's CPU
+    milliseconds.  Raises NotSpecializable (or what TorchScript raises) where the graph
+    cannot be traced."""
+    from ..graph.specialize import specialize
 
     spec = specialize(module, tensors, allow_random=True, fold_constants=True)
     graph = joint_train_graph(spec, tensors, {})
@@ -192,9 +221,72 @@ def build_traced_step(module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -
     candidates = [step, step.without_onednn()] if operators & _ONEDNN_OPERATORS and onednn_on else [step]
     eager_ms, traced_ms, *native_ms = time_steps(module, tensors, candidates, _TIMED_ROUNDS)
     if native_ms and native_ms[0] < _NATIVE_MARGIN * traced_ms:  # a clear gain (GELU's: 20%), not noise
-        try:
-            check_against_eager(candidates[1], module, tensors)
-        except NotSpecializable:  # not expected (the kernels agree within rounding): keep oneDNN's
-            return step, eager_ms, traced_ms
-        return candidates[1], eager_ms, native_ms[0]
+        if _agrees(candidates[1], module, tensors):  # expected (the kernels agree within rounding)
+            step, traced_ms = candidates[1], native_ms[0]
+    if traced_ms <= _STATIC_MAX_MS:
+        step, traced_ms = _faster_on_static_runtime(step, traced_ms, graph, module, tensors)
     return step, eager_ms, traced_ms
+
+
+def fill_output_masks(graph: fx.GraphModule) -> int:
+    """Ask every backward call of `graph` for all its outputs (`output_mask` all True):
+    Static Runtime fails on its second run of a graph where one is left undefined (a frozen
+    LayerNorm's weight gradient, the first convolution's input gradient; torch 2.6-2.14).
+    The extra outputs are computed and dropped; the others are unchanged.  Returns how many
+    calls changed."""
+    changed = 0
+    for node in graph.graph.nodes:
+        if node.op != "call_function" or not getattr(node.target, "__name__", "").split(".")[0].endswith("_backward"):
+            continue
+        args = list(node.args)
+        for index, value in enumerate(args):
+            if (
+                isinstance(value, (list, tuple))
+                and value
+                and all(isinstance(v, bool) for v in value)
+                and not all(value)
+            ):
+                args[index] = [True] * len(value)
+                changed += 1
+        node.args = tuple(args)
+    if changed:
+        graph.recompile()
+    return changed
+
+
+def _agrees(step: TracedTrainStep, module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -> bool:
+    from ..graph.specialize import NotSpecializable
+
+    try:
+        check_against_eager(step, module, tensors)
+    except NotSpecializable:
+        return False
+    return True
+
+
+def _faster_on_static_runtime(
+    step: TracedTrainStep,
+    traced_ms: float,
+    graph: fx.GraphModule,
+    module: fx.GraphModule,
+    tensors: Sequence[torch.Tensor],
+) -> Tuple[TracedTrainStep, float]:
+    """`step` (of `graph`) on Static Runtime where that is available, agrees with the eager
+    step past its memory planning and takes at most `_STATIC_MARGIN` of `step`'s time; else
+    `step`."""
+    try:
+        # a new module for the changed graph: TorchScript keeps what it compiled per class
+        full = _script(fx.GraphModule(graph, graph.graph)) if fill_output_masks(graph) else None
+        static = step.on_static_runtime(full)
+    except Exception as error:  # noqa: BLE001  (a graph it refuses, or a torch without it)
+        log.info("Static Runtime refuses the traced step (%s: %s)", type(error).__name__, str(error)[:200])
+        return step, traced_ms
+    try:
+        check_against_eager(static, module, tensors, _STATIC_CHECKED_RUNS)
+    except Exception as error:  # noqa: BLE001  (disagrees, or raised: LoRA-tiny's second run does)
+        log.info("Static Runtime's step is not used: %s", str(error)[:200])
+        return step, traced_ms
+    interpreted_ms, static_ms = time_runs(module, tensors, [step, static], _STATIC_TIMED_ROUNDS)
+    if static.error is None and static_ms <= _STATIC_MARGIN * interpreted_ms:
+        return static, traced_ms * static_ms / interpreted_ms
+    return step, traced_ms
