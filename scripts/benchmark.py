@@ -295,7 +295,11 @@ def measure(
     if backend == "ours":
         engine = module._engine
         runner = engine.train_runner
-        extra = {"compiled": runner.path == "compiled", "compile_s": runner.compile_seconds}
+        extra = {
+            "compiled": runner.path == "compiled",
+            "compile_s": runner.compile_seconds,
+            "step_form": _step_form(runner),
+        }
     for _ in range(warmup):
         step()
     sync()
@@ -454,6 +458,8 @@ def summarize(results: dict) -> dict:
                     }
                     if "compiled" in ok[0]:
                         row["compiled"] = all(r.get("compiled") for r in ok)
+                    if "step_form" in ok[0]:  # per round: compiled, traced, traced on Static Runtime, eager
+                        row["step_forms"] = [r.get("step_form") for r in ok]
                     if "cuda_graphs" in ok[0]:
                         row["cuda_graphs"] = all(r.get("cuda_graphs") for r in ok)
                         row["graph_refusals"] = sorted({reason for r in ok for reason in r.get("graph_refusals", [])})
@@ -615,6 +621,14 @@ def _gpu_name(device: str):
     import torch
 
     return torch.cuda.get_device_name(torch.device(device))
+
+
+def _step_form(runner) -> str:
+    """Which form runs the train steps after the first: "compiled", "traced" (TorchScript's
+    interpreter), "static" (traced, on Static Runtime) or "eager"."""
+    if runner.path != "traced":
+        return runner.path
+    return "static" if any(step is not None and step.static for step in runner._traced.values()) else "traced"
 
 
 def _cpu_description() -> str:

@@ -30,3 +30,13 @@ def test_table_gives_ratios_to_ort():
     lines = benchmark_report.table(_report(), markdown=True).splitlines()
     assert lines[0].startswith("| load | model | backend | step ms |")
     assert lines[3].startswith("| 0 | lora | ours | 0.10 | 0.20 | 0.50 |")
+
+
+def test_table_says_how_steps_ran_where_not_compiled():
+    """`step_forms` (per round): a row not compiled in every round names the forms that ran."""
+    report = _report()
+    report["summary"]["0"]["lora"]["ours-off"] = dict(_ROW, step_ms=0.4, step_forms=["static", "traced", "static"])
+    report["summary"]["0"]["lora"]["ours"]["step_forms"] = ["compiled"] * 3
+    lines = benchmark_report.table(report, markdown=True).splitlines()
+    assert lines[3].startswith("| 0 | lora | ours | 0.10 |")
+    assert lines[4].startswith("| 0 | lora | ours-off [static, traced] | 0.40 | 0.20 | 2.00 |")

@@ -41,6 +41,9 @@ def table(report: dict, markdown: bool = False) -> str:
                     label += " (CUDA graphs)" if row["cuda_graphs"] else " (eager)"
                 elif backend == "ours" and not row.get("compiled", True) and report["machine"]["device"] == "cpu":
                     label += " (eager)"
+                forms = sorted(set(row.get("step_forms", [])) - {"compiled"})
+                if forms and backend.startswith("ours"):  # not compiled in some round: how it ran
+                    label += " [" + ", ".join(forms) + "]"
                 rows.append(
                     [
                         load,

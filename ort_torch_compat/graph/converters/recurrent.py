@@ -98,15 +98,22 @@ class Recurrent(OnnxModule):
             x_proj = torch.matmul(x.reshape(seq * batch, x.shape[2]), w[d].t()).view(seq, batch, w.shape[1])
             if wb is not None:
                 x_proj = x_proj + wb
+            if rb is not None and self.cell == "LSTM":  # added once, not per step (float32 rounding apart)
+                x_proj, rb = x_proj + rb, None
+            # Per direction, not per step: the recurrent weights' transposes and the time
+            # steps' slices (one unbind, whose backward is one stack; a select per step has a
+            # zero-filled select_backward per step), a trace's calls cut by a fifth.
+            x_steps = x_proj.unbind(0)
+            r_t = self._transposed(r[d])
             steps: List[torch.Tensor] = []
             for k in range(seq):  # the k-th step each sequence takes
                 if not reverse:
-                    step_in = x_proj[k]
+                    step_in = x_steps[k]
                 elif lengths is None:
-                    step_in = x_proj[seq - 1 - k]
+                    step_in = x_steps[seq - 1 - k]
                 else:  # backwards from each sequence's own last element
                     step_in = x_proj[(lengths - 1 - k).clamp(min=0), torch.arange(batch, device=x.device)]
-                new_h, new_c = self._step(step_in, h, c, r[d], rb, peep, acts)
+                new_h, new_c = self._step(step_in, h, c, r_t, rb, peep, acts)
                 if lengths is not None:
                     live = (k < lengths).unsqueeze(1)
                     h, c = torch.where(live, new_h, h), torch.where(live, new_c, c)
@@ -165,22 +172,28 @@ class Recurrent(OnnxModule):
         values = (y, y_h, y_c)[: self.outputs]
         return values[0] if self.outputs == 1 else values
 
-    def _step(self, xw, h, c, r, rb, peep, acts):
+    def _transposed(self, r):
+        """The recurrent weight as `_step` takes it: r.t(), or a GRU's three gate blocks'."""
+        if self.cell == "GRU":
+            return [block.t() for block in r.split(self.hidden, dim=0)]
+        return r.t()
+
+    def _step(self, xw, h, c, r_t, rb, peep, acts):
         if self.cell == "RNN":
-            g = xw + torch.matmul(h, r.t())
+            g = xw + torch.matmul(h, r_t)
             if rb is not None:
                 g = g + rb
             return acts[0](self._clipped(g)), c
         if self.cell == "GRU":
-            return self._gru_step(xw, h, r, rb, acts), c
-        return self._lstm_step(xw, h, c, r, rb, peep, acts)
+            return self._gru_step(xw, h, r_t, rb, acts), c
+        return self._lstm_step(xw, h, c, r_t, rb, peep, acts)
 
     def _clipped(self, value):
         return value if self.clip is None else value.clamp(-self.clip, self.clip)
 
-    def _lstm_step(self, xw, h, c, r, rb, peep, acts):
+    def _lstm_step(self, xw, h, c, r_t, rb, peep, acts):
         f_act, g_act, h_act = acts
-        g = xw + torch.matmul(h, r.t())
+        g = xw + torch.matmul(h, r_t)
         if rb is not None:
             g = g + rb
         i, o, f, cand = g.chunk(4, dim=-1)
@@ -195,18 +208,18 @@ class Recurrent(OnnxModule):
         o = f_act(self._clipped(o))
         return o * h_act(c), c
 
-    def _gru_step(self, xw, h, r, rb, acts):
+    def _gru_step(self, xw, h, r_t, rb, acts):
         f_act, g_act = acts
         hid = self.hidden
         xz, xr, xh = xw.split(hid, dim=-1)
-        rz, rr, rh = r.split(hid, dim=0)
+        rz_t, rr_t, rh_t = r_t
         bz, br, bh = rb.split(hid) if rb is not None else (0.0, 0.0, 0.0)
-        z = f_act(self._clipped(xz + torch.matmul(h, rz.t()) + bz))
-        rt = f_act(self._clipped(xr + torch.matmul(h, rr.t()) + br))
+        z = f_act(self._clipped(xz + torch.matmul(h, rz_t) + bz))
+        rt = f_act(self._clipped(xr + torch.matmul(h, rr_t) + br))
         if self.linear_before_reset:
-            cand = g_act(self._clipped(xh + rt * (torch.matmul(h, rh.t()) + bh)))
+            cand = g_act(self._clipped(xh + rt * (torch.matmul(h, rh_t) + bh)))
         else:
-            cand = g_act(self._clipped(xh + torch.matmul(rt * h, rh.t()) + bh))
+            cand = g_act(self._clipped(xh + torch.matmul(rt * h, rh_t) + bh))
         return (1 - z) * cand + z * h
 
 
