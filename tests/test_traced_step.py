@@ -176,6 +176,35 @@ def test_static_runtime_runs_only_where_clearly_faster(traced_ms, static_ms, tri
     assert step is not None and not step.static and bool(built) is tried
 
 
+@_static_runtime_available
+def test_a_static_runtime_step_that_fails_later_hands_over_to_the_interpreter(monkeypatch, caplog):
+    """A failure past the checks (not seen on any graph; Static Runtime is the less-trodden
+    executor): that step runs eagerly and right, then the interpreter's form of the step."""
+    _timed(monkeypatch, traced_ms=0.5, static_ms=0.25)
+    directory = FIXTURES / "mlp_mse_adamw_op17"
+    spec = load_spec(directory)
+    engine = _engine(directory, "off")
+    engine.train_step(_feeds(engine, spec, 1))
+    runner = engine.train_runner
+    ((feeds, step),) = runner._traced.items()
+    assert step.static
+
+    def broken(*inputs):
+        raise RuntimeError("planned memory gone")
+
+    step.function = broken
+    with caplog.at_level(logging.INFO, logger="ort_torch_compat.compile"):
+        engine.train_step(_feeds(engine, spec, 2))
+    assert "planned memory gone" in caplog.text and "on TorchScript's interpreter" in caplog.text
+    assert runner._traced[feeds] is step.interpreted and runner.path == "traced"
+    losses = [engine.train_step(_feeds(engine, spec, 3))[0]]
+    eager = _engine(directory, "eager")
+    expected = [eager.train_step(_feeds(eager, spec, number))[0] for number in (1, 2, 3)][-1:]
+    torch.testing.assert_close(losses, expected, rtol=1e-5, atol=1e-6)
+    for e, a in zip(eager.store.trainable, engine.store.trainable):  # three steps' gradients, summed
+        torch.testing.assert_close(a.grad, e.grad, rtol=1e-5, atol=1e-6)
+
+
 def _times(*traced_ms):
     """time_steps' answer: eager 1 ms, then each candidate's time (the oneDNN step first)."""
     return lambda module, tensors, steps, rounds: [1.0, *traced_ms][: 1 + len(steps)]

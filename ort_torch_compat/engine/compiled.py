@@ -214,12 +214,13 @@ class TrainStepRunner:
     def disagreed(self, step: compiled_step.FlatGradientStep) -> None:
         """`step` could not run a step that the eager step then ran: do not use it again."""
         for feeds, traced in self._traced.items():
-            if traced is step:
-                self._traced[feeds] = None
+            if traced is step:  # Static Runtime's step: its interpreter's form takes over
+                self._traced[feeds] = getattr(step, "interpreted", None)
                 log.info(
-                    "%s: the traced step failed where the eager one did not (%s): running eagerly",
+                    "%s: the traced step failed where the eager one did not (%s): running %s",
                     self.label,
                     step.error,
+                    "on TorchScript's interpreter" if self._traced[feeds] else "eagerly",
                 )
         if step is self.compiled:
             self._state, self.compiled = "eager", None

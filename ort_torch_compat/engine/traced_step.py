@@ -37,6 +37,8 @@ runs (past its recording and planning runs), timed against the interpreter (`tim
 and used where it takes at most 90% of the time.  It fails on its second run where a
 backward call leaves an output undefined (a frozen LayerNorm's weight gradient), so its
 graph asks for every backward output (`fill_output_masks`; the extra ones are dropped).
+A step on it that fails later where the eager step does not hands over to its interpreter
+form (`interpreted`; compiled.py's `disagreed`).
 """
 
 from __future__ import annotations
@@ -80,10 +82,10 @@ class TracedTrainStep(FlatGradientStep):
         mutated: List[int],
         grad_groups: List[List[int]],
         onednn: bool = True,
-        static: bool = False,
+        interpreted: Optional["TracedTrainStep"] = None,
     ):
         self.function = function  # a ScriptModule, or its Static Runtime (`static`)
-        self.static = static
+        self.interpreted = interpreted  # on Static Runtime: the interpreter's form of the step
         self.constants = constants
         self.num_outputs = num_outputs
         self.mutated = mutated
@@ -91,10 +93,15 @@ class TracedTrainStep(FlatGradientStep):
         self.onednn = onednn  # False: oneDNN switched off around the step (ATen's own kernels)
         self.error: Optional[BaseException] = None  # why the last run failed
 
+    @property
+    def static(self) -> bool:
+        """Whether Static Runtime runs the step (else TorchScript's interpreter)."""
+        return self.interpreted is not None
+
     def without_onednn(self) -> "TracedTrainStep":
         """The same step, run with ATen's own kernels where it would call oneDNN's."""
         return TracedTrainStep(
-            self.function, self.constants, self.num_outputs, self.mutated, self.grad_groups, False, self.static
+            self.function, self.constants, self.num_outputs, self.mutated, self.grad_groups, False, self.interpreted
         )
 
     def on_static_runtime(self, function: Optional[torch.jit.ScriptModule] = None) -> "TracedTrainStep":
@@ -103,7 +110,7 @@ class TracedTrainStep(FlatGradientStep):
         what Static Runtime raises where it refuses the graph."""
         runtime = torch._C._jit_to_static_module((function or self.function)._c)
         return TracedTrainStep(
-            runtime, self.constants, self.num_outputs, self.mutated, self.grad_groups, self.onednn, static=True
+            runtime, self.constants, self.num_outputs, self.mutated, self.grad_groups, self.onednn, interpreted=self
         )
 
     def run(
