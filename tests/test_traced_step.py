@@ -351,9 +351,12 @@ def test_step_timing_warms_each_step_and_keeps_the_least(budget_s, rounds_run, m
     assert eager_ms > 0
 
 
-def test_dropout_draws_the_eager_steps_random_numbers(always_faster):
+@pytest.mark.parametrize("static", [False, pytest.param(True, marks=_static_runtime_available)])
+def test_dropout_draws_the_eager_steps_random_numbers(static, monkeypatch):
     """Random operators stay in the traced graph and draw from torch's generator in the
-    eager step's order: the same seed gives the same masks, losses and gradients."""
+    eager step's order, on the interpreter and on Static Runtime: the same seed gives the
+    same masks, losses and gradients."""
+    _timed(monkeypatch, traced_ms=0.5, static_ms=0.25 if static else 0.5)
     directory = FIXTURES / "dropout"
     runs = []
     for setting in ("eager", "off"):
@@ -368,6 +371,8 @@ def test_dropout_draws_the_eager_steps_random_numbers(always_faster):
         losses = [engine.train_step(feeds)[0].clone() for _ in range(4)]
         runs.append((losses, [t.grad.clone() for t in engine.store.trainable], torch.get_rng_state()))
         assert engine.train_runner.path == setting.replace("off", "traced")
+        if setting == "off":
+            assert next(iter(engine.train_runner._traced.values())).static is static
     (eager_losses, eager_grads, eager_rng), (losses, grads, rng) = runs
     assert len({float(loss) for loss in eager_losses}) > 1  # the masks differ step to step
     assert all(torch.equal(a, b) for a, b in zip(eager_losses, losses))
