@@ -37,13 +37,13 @@ def table(report: dict, markdown: bool = False) -> str:
                     ratios.append(f"{row['step_ms'] / ref_row['step_ms']:.2f}" if "step_ms" in ref_row else "-")
                 compile_s = report.get("compile", {}).get(name, {}).get("compile_s")
                 label = backend
+                forms = sorted(set(row.get("step_forms", [])) - {"compiled"})
                 if backend == "ours" and "cuda_graphs" in row:
                     label += " (CUDA graphs)" if row["cuda_graphs"] else " (eager)"
-                elif backend == "ours" and not row.get("compiled", True) and report["machine"]["device"] == "cpu":
-                    label += " (eager)"
-                forms = sorted(set(row.get("step_forms", [])) - {"compiled"})
-                if forms and backend.startswith("ours"):  # not compiled in some round: how it ran
+                elif forms and backend.startswith("ours"):  # not compiled in some round: how it ran
                     label += " [" + ", ".join(forms) + "]"
+                elif backend == "ours" and not row.get("compiled", True) and report["machine"]["device"] == "cpu":
+                    label += " (eager)"  # a report from before step forms were recorded
                 rows.append(
                     [
                         load,
