@@ -106,7 +106,7 @@ class Recurrent(OnnxModule):
             # Per direction, not per step: the recurrent weights' transposes and the time
             # steps' slices (one unbind, whose backward is one stack; a select per step has a
             # zero-filled select_backward per step), a trace's calls cut by a fifth.
-            x_steps = x_proj.unbind(0)
+            x_steps = x_proj.unbind(0) if lengths is None or not reverse else None  # else gathered per step
             r_t = self._transposed(r[d])
             steps: List[torch.Tensor] = []
             for k in range(seq):  # the k-th step each sequence takes
