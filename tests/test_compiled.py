@@ -251,6 +251,56 @@ def test_compiled_step_matches_eager_and_loads_from_the_cache(monkeypatch):
 
 
 @pytest.mark.skipif(compiled.cxx_compiler() is None, reason="needs a C++ compiler")
+@pytest.mark.parametrize("faster_in_the_loop", [True, False])
+def test_a_step_not_faster_on_one_thread_is_timed_in_the_training_loop(monkeypatch, faster_in_the_loop):
+    """The worker times the compiled step on one thread (its core); where it was not faster
+    there, "auto" times both forms in the training loop on the caller's threads, five steps
+    each in turn, and keeps the compiled one only where it takes at most _FASTER of the
+    other's median (EfficientNet-B0-tiny: 0.96x on one thread, 0.61x on two).  Every step,
+    whichever form ran it, gives the eager step's numbers."""
+    monkeypatch.setenv(compile_cache.CACHE_ENV, str(TEST_CACHE))
+    config = "cnn_ce_adamw_op17"
+    compiler, spec = _engine(config, **{compiled.CONFIG_KEY: "on"})
+    _train(compiler, spec, 1)  # the entry (cached when the tests above ran first)
+    monkeypatch.setattr(compiled, "_FASTER", 1e-9)  # the entry's one-thread timing: not faster
+    monkeypatch.setattr(compiled.os, "cpu_count", lambda: 2)
+    engine, _ = _engine(config, **{compiled.CONFIG_KEY: "auto"})
+    runner = engine.train_runner
+    timed = []
+
+    def verdict(seconds: list) -> float:  # this machine's timings aside: the trial's outcome is set here
+        timed.append(len(seconds))
+        if seconds is runner._trial[0]:
+            return 0.0 if faster_in_the_loop else 2.0
+        return 1.0
+
+    monkeypatch.setattr(compiled, "_median_ms", verdict)
+    eager, _ = _engine(config, **{compiled.CONFIG_KEY: "eager"})
+    paths = []
+    original = runner.compiled_for
+
+    def recording(tensors, fixed=0):
+        step = original(tensors, fixed)
+        paths.append("compiled" if step is runner.compiled and step is not None else runner.path)
+        return step
+
+    monkeypatch.setattr(runner, "compiled_for", recording)
+    expected, actual = (
+        train_record(eager, lambda s: _feeds(eager, spec, s), 13, buffers=True),
+        train_record(engine, lambda s: _feeds(engine, spec, s), 13, buffers=True),
+    )
+    for step_expected, step_actual in zip(expected, actual):
+        for e, a in zip(step_expected, step_actual):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+    assert timed == [5, 5], "the verdict comes after five timed steps of each form"
+    assert paths[:10].count("compiled") == 5, f"the forms take turns: {paths}"
+    if faster_in_the_loop:
+        assert paths[10:] == ["compiled"] * 3 and runner.path == "compiled"
+    else:
+        assert "compiled" not in paths[10:] and runner.compiled is None and runner.path in ("traced", "eager")
+
+
+@pytest.mark.skipif(compiled.cxx_compiler() is None, reason="needs a C++ compiler")
 def test_compiled_step_takes_non_contiguous_feeds(monkeypatch):
     """The library reads dense row-major memory: a feed that is a strided view (a user's
     transposed or sliced array) is made contiguous first, the parameters' views are not

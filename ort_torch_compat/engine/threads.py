@@ -24,7 +24,9 @@ steps use one thread fewer than the caller's count, unmeasured: the worker has a
 an OpenMP region that waits for a thread sharing its core stalls for a scheduler slice
 (measured: 200 ms steps among 0.5 ms ones on 2 cores).  For the same reason the first
 call, the first measurements and every re-try of more threads than one wait while the
-load average says the cores they need are busy (one thread meanwhile).
+load average says the cores they need are busy (one thread meanwhile).  While the runner
+times its compiled step against the other form (`TRIAL`, compiled.py), every step uses the
+caller's count, unmeasured.
 Results may differ in the last bits between thread counts (reductions split differently),
 within float32 rounding; fix the count for bit-for-bit reproducible runs.
 """
@@ -32,6 +34,7 @@ within float32 rounding; fix the count for bit-for-bit reproducible runs.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 from typing import Callable, Dict, List, Optional, Tuple, TypeVar
@@ -43,6 +46,7 @@ _SAMPLES = 3  # measurements per candidate before it counts; the median of the l
 _RETRY_SHARE = 0.02  # at most this share of the training time goes to re-trying a slower count
 _MIN_RETRY_INTERVAL_S = 5.0
 COMPILING = "compiling"  # the runner's path while its compile worker holds a core
+TRIAL = "trial"  # the runner's path while it times its compiled step against the other form
 T = TypeVar("T")
 
 
@@ -70,17 +74,35 @@ _load_reading: List = [
 ]  # monotonic time of the last read, load average (None: unreadable), cores
 
 
+_LOAD_WINDOW_S = 60.0  # the 1-minute load average decays as exp(-t / 60 s)
+_finished_work: List[Tuple[float, float]] = []  # (monotonic end, share of the load average then)
+
+
+def finished_background_work(seconds: float) -> None:
+    """This process's compile worker ended after running `seconds` on one core: the load
+    average keeps counting it for a minute or more (a worker of 85 s left ~0.75 of a core in
+    it, and more than one thread was tried only ~25 s later), so `_cores_idle` subtracts its
+    share, decaying as the kernel's average does."""
+    share = 1.0 - math.exp(-max(seconds, 0.0) / _LOAD_WINDOW_S)
+    _finished_work.append((time.monotonic(), share))
+    _load_reading[0] = float("-inf")  # read again at the next question
+
+
 def _cores_idle(count: int) -> bool:
     """Whether `count` more cores look idle: the 1-minute load average (which counts this
-    process's running thread) leaves them free.  True where the load cannot be read.  A
-    busy machine asks this every step while a re-try waits (2-3 us of system calls a step):
-    the reading is kept for `_LOAD_READ_INTERVAL_S`."""
+    process's running thread), less what finished compile workers of this process still
+    weigh in it, leaves them free.  True where the load cannot be read.  A busy machine asks
+    this every step while a re-try waits (2-3 us of system calls a step): the reading is
+    kept for `_LOAD_READ_INTERVAL_S`."""
     now = time.monotonic()
     if now - _load_reading[0] >= _LOAD_READ_INTERVAL_S:
         try:
             load = os.getloadavg()[0]
         except OSError:
             load = None
+        if load is not None and _finished_work:
+            _finished_work[:] = [(end, share) for end, share in _finished_work if now - end < 5 * _LOAD_WINDOW_S]
+            load -= sum(share * math.exp(-(now - end) / _LOAD_WINDOW_S) for end, share in _finished_work)
         _load_reading[:] = [now, load, os.cpu_count() or 1]
     _, load, cores = _load_reading
     return load is None or load + count <= cores + 0.5
@@ -116,6 +138,8 @@ class ThreadPolicy:
             return self.fixed
         if self._path == COMPILING:  # the optimizer and eval steps leave the worker its core too
             return max(1, ceiling - 1)
+        if self._path == TRIAL:  # both forms timed on every thread the caller allows
+            return ceiling
         key = (self._path, ceiling)
         return self._chosen.get(key, self._last.get(key, ceiling))
 
@@ -131,7 +155,7 @@ class ThreadPolicy:
         if self.fixed is not None or ceiling <= 1:
             return self.run(function, *args, **kwargs)
         self._path = path
-        if path == COMPILING:
+        if path in (COMPILING, TRIAL):
             return self.run(function, *args, **kwargs)
         key = (path, ceiling)
         count = self._next(key, ceiling)

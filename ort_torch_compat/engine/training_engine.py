@@ -225,6 +225,7 @@ class TrainingEngine:
                                 self.train_runner.disagreed(compiled)
                         if not self._accumulate:
                             self.store.fill_missing_grads()
+                    self.train_runner.step_finished()
             except BaseException as error:  # a failed step leaves the gradients as they were, as ORT's does
                 if previous_grads is not None:
                     for tensor, grad in zip(self.store.trainable, previous_grads):
