@@ -293,13 +293,7 @@ def measure(
     sync()
     first_ms = 1000 * (time.perf_counter() - begin)
     if backend == "ours":
-        engine = module._engine
-        runner = engine.train_runner
-        extra = {
-            "compiled": runner.path == "compiled",
-            "compile_s": runner.compile_seconds,
-            "step_form": _step_form(runner),
-        }
+        extra = {"compile_s": module._engine.train_runner.compile_seconds}
     for _ in range(warmup):
         step()
     sync()
@@ -310,6 +304,9 @@ def measure(
         sync()
         wall.append(time.perf_counter() - begin)
         cpu.append(time.process_time() - begin_cpu)
+    if backend == "ours":  # after the steps: a trial (compiled.py) decides within the warm-up
+        runner = module._engine.train_runner
+        extra.update(compiled=runner.path == "compiled", step_form=_step_form(runner))
     if backend == "ours" and module._engine._graphs is not None:  # after the steps: replaying from step 2
         extra.update(cuda_graphs=module._engine._graphs.replaying, graph_refusals=module._engine._graphs.refusals)
     return {
@@ -624,7 +621,7 @@ def _gpu_name(device: str):
 
 
 def _step_form(runner) -> str:
-    """Which form runs the train steps after the first: "compiled", "traced" (TorchScript's
+    """Which form ran the measured train steps: "compiled", "traced" (TorchScript's
     interpreter), "static" (traced, on Static Runtime) or "eager"."""
     if runner.path != "traced":
         return runner.path
