@@ -117,6 +117,29 @@ def test_small_dense_layers_skip_onednn_and_large_ones_use_it():
     assert dense_kernel._onednn_applies(*large) == (dense_kernel._ONEDNN is not None)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_dense_layer_on_a_non_contiguous_input_traces_as_one_product(bias):
+    """A seq-first view of a batch-first tensor (nn.MultiheadAttention's projections): torch's
+    linear, traced without grad (as graph/specialize.py traces), is a batched product against
+    the weight expanded per row block, whose backward sums a weight-sized gradient per block;
+    ours is one 2-D product.  Values equal F.linear's within float32 rounding."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.randn(4, 16, 32).transpose(0, 1)  # [16, 4, 32], not contiguous
+    weight, b = torch.randn(48, 32), (torch.randn(48) if bias else None)
+
+    def calls(function) -> list:
+        graph = make_fx(lambda x, w, b: function(x, w, b))(x, weight, b)
+        return [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+
+    assert any("bmm" in c for c in calls(torch.nn.functional.linear)), "torch folds it now: the rewrite can go"
+    with dense_kernel.plain_aten_kernels():
+        ours = calls(dense_kernel.linear)
+        torch.testing.assert_close(dense_kernel.linear(x, weight, b), torch.nn.functional.linear(x, weight, b))
+    assert not any("bmm" in c or "expand" in c for c in ours), ours
+    assert sum(c.split(".")[1] in ("mm", "addmm") for c in ours) == 1, ours
+
+
 @pytest.mark.parametrize(
     "cell,direction,layout",
     [
