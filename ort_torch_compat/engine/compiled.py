@@ -15,7 +15,8 @@ steps run traced, see below); "on" (compile at the first train step, which waits
 compiling at the first step in a background process (compile_worker.py) while the steps
 run traced, and switch to the compiled step between two steps once it is ready, checked
 and faster (the worker times it on one thread; where it was not faster there and the
-machine has more cores, both forms are timed in the training loop first: `_trial_step`).  Ahead of time, `precompile.py` (`ort-torch-compat compile`) fills the cache.
+machine has more cores, both forms are timed in the training loop first: `_trial_step`).
+Ahead of time, `precompile.py` (`ort-torch-compat compile`) fills the cache.
 Only CPU training steps are compiled, for the first batch's shapes; CUDA steps are
 replayed as CUDA graphs instead (cuda_graphs.py), and eval steps run eagerly.
 
@@ -64,8 +65,7 @@ log = logging.getLogger("ort_torch_compat.compile")
 
 
 def _median_ms(seconds: list) -> float:
-    ordered = sorted(seconds)
-    return 1000.0 * ordered[len(ordered) // 2]
+    return 1000.0 * threads.median(seconds)
 
 
 class CompileWarning(RuntimeWarning):
@@ -209,25 +209,16 @@ class TrainStepRunner:
         compiled_times, other_times = self._trial
         if min(len(compiled_times), len(other_times)) >= _TRIAL_STEPS:
             compiled_ms, other_ms = _median_ms(compiled_times), _median_ms(other_times)
-            threads = torch.get_num_threads()
-            if compiled_ms <= _FASTER * other_ms:
-                self._state = "compiled"
-                log.info(
-                    "%s: the compiled train step is faster on %d threads (%.1f ms vs %.1f ms): running it",
-                    self.label,
-                    threads,
-                    compiled_ms,
-                    other_ms,
-                )
-            else:
-                self._state, self.compiled = "eager", None
-                log.info(
-                    "%s: the compiled train step is not faster on %d threads either (%.1f ms vs %.1f ms)",
-                    self.label,
-                    threads,
-                    compiled_ms,
-                    other_ms,
-                )
+            faster = compiled_ms <= _FASTER * other_ms
+            self._state, self.compiled = ("compiled", self.compiled) if faster else ("eager", None)
+            log.info(
+                "%s: the compiled train step is %s on %d threads (%.1f ms vs %.1f ms)",
+                self.label,
+                "faster: running it" if faster else "not faster either",
+                torch.get_num_threads(),
+                compiled_ms,
+                other_ms,
+            )
         first = feeds == self._signature[: len(self._signature) - fixed]
         if self._state == "compiled" and first:
             return self.compiled

@@ -108,7 +108,8 @@ def _cores_idle(count: int) -> bool:
     return load is None or load + count <= cores + 0.5
 
 
-def _median(samples: List[float]) -> float:
+def median(samples: List[float]) -> float:
+    """The middle sample (the upper one of an even count)."""
     return sorted(samples)[len(samples) // 2]
 
 
@@ -188,7 +189,7 @@ class ThreadPolicy:
             return min(ready, key=lambda c: (len(times[c]), -c)) if ready else 1
         best = self._chosen[key]
         others = [c for c in times if c != best]
-        retry = min(others, key=lambda c: _median(times[c]))
+        retry = min(others, key=lambda c: median(times[c]))
         if retry > best and not _cores_idle(retry - best):
             self._retry_at = time.perf_counter() + _MIN_RETRY_INTERVAL_S  # busy now: ask again later
             return best
@@ -217,12 +218,12 @@ class ThreadPolicy:
             self._choose(key)
             if retried or self._retry_at == 0.0:
                 self._retry_at = time.perf_counter() + max(_MIN_RETRY_INTERVAL_S, _SAMPLES * seconds / _RETRY_SHARE)
-        elif _median(samples) > self._rival[key]:  # the chosen count got slower than another (the load changed)
+        elif median(samples) > self._rival[key]:  # the chosen count got slower than another (the load changed)
             self._choose(key)
 
     def _choose(self, key: Tuple[str, int]) -> None:
         """Choose the count with the lowest median; remember the runner-up's median."""
-        medians = sorted((_median(samples), count) for count, samples in self._times[key].items())
+        medians = sorted((median(samples), count) for count, samples in self._times[key].items())
         self._chosen[key] = medians[0][1]
         self._rival[key] = medians[1][0]
 
