@@ -10,9 +10,11 @@ CPU, runs as torch's own recurrent op instead (`_native`: the weights' gate bloc
 reordered to torch's layout; one kernel per direction forward and backward, where the loop
 runs ~12 autograd ops per time step).  Same equations, float32 rounding apart (measured:
 outputs and gradients within 2e-6 relative of the loop); 2.1x faster (LSTM, 8 steps,
-hidden 32) to 2.4x (bidirectional) per forward+backward at on-device sizes.  A trace for the
-compiler (graph/specialize.py) keeps the loop, which Inductor fuses; the traced step
-(engine/traced_step.py) runs it call by call, so what does not change between time steps is
+hidden 32) to 2.4x (bidirectional) per forward+backward at on-device sizes.  In a trace
+for the traced step such an LSTM, in any direction, is one `lstm_sequence` operator per
+direction (graph/lstm_sequence.py: the same equations with a backward of half the calls).
+Other traces keep the loop, which Inductor fuses and the traced step (engine/traced_step.py)
+runs call by call for the other cells, so what does not change between time steps is
 computed once per direction: the input projection, the recurrent weights' transposes, an
 LSTM's recurrent bias (added to the projection), the time steps' slices (one unbind)."""
 
@@ -24,6 +26,7 @@ import torch
 
 from ..converter_registry import register
 from ..dense_kernel import plain_aten_active
+from ..lstm_sequence import lstm_sequence, operators_in_use
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 from .named_activations import named_activation
 
@@ -52,15 +55,16 @@ class Recurrent(OnnxModule):
         self.linear_before_reset, self.outputs = linear_before_reset, outputs
         self.activations, self.clip, self.input_forget = list(activations), clip, input_forget
         directions = 2 if direction == "bidirectional" else 1
-        self.native = (
+        plain = (  # ONNX's equations with torch's activations: no clip, input_forget or other activations
             cell in _TORCH_GATE_ORDER
-            and direction != "reverse"
             and clip is None
             and not input_forget
             and (cell == "LSTM" or linear_before_reset)
             and len(self.activations) == len(_NATIVE_ACTIVATIONS[cell]) * directions
             and all(a is e for a, e in zip(self.activations, _NATIVE_ACTIVATIONS[cell] * directions))
         )
+        self.native = plain and direction != "reverse"  # torch's op runs reverse only as bidirectional's half
+        self.sequence_operator = plain and cell == "LSTM"  # graph/lstm_sequence.py, in traces
 
     def forward(self, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None):
         if self.layout == 1:
@@ -68,16 +72,18 @@ class Recurrent(OnnxModule):
             initial_h = None if initial_h is None else initial_h.transpose(0, 1)
             initial_c = None if initial_c is None else initial_c.transpose(0, 1)
         if (
-            self.native
-            and sequence_lens is None
+            sequence_lens is None
             and p is None
             and x.device.type == "cpu"
             and x.dtype in (torch.float32, torch.float64)
             and w.dtype == x.dtype
             and r.dtype == x.dtype
-            and not plain_aten_active()
         ):
-            return self._native(x, w, r, b, initial_h, initial_c)
+            traced = plain_aten_active()
+            if self.native and not traced:
+                return self._native(x, w, r, b, initial_h, initial_c)
+            if self.sequence_operator and traced and x.shape[0] > 0 and operators_in_use():
+                return self._traced_lstm(x, w, r, b, initial_h, initial_c)
         seq, batch = x.shape[0], x.shape[1]
         gates = _GATES[self.cell]
         per_direction = len(self.activations) // w.shape[0]
@@ -172,6 +178,30 @@ class Recurrent(OnnxModule):
             y = y.permute(2, 0, 1, 3)
             y_h = y_h.transpose(0, 1)
             y_c = None if y_c is None else y_c.transpose(0, 1)
+        values = (y, y_h, y_c)[: self.outputs]
+        return values[0] if self.outputs == 1 else values
+
+    def _traced_lstm(self, x, w, r, b, initial_h, initial_c):
+        """The LSTM as `lstm_sequence` operators, one per direction, for a trace without
+        autograd (graph/lstm_sequence.py); `x` is [seq, batch, in]."""
+        seq, batch, hidden = x.shape[0], x.shape[1], self.hidden
+        ys, hs, cs = [], [], []
+        for d in range(w.shape[0]):
+            x_proj = torch.matmul(x.reshape(seq * batch, x.shape[2]), w[d].t()).view(seq, batch, 4 * hidden)
+            if b is not None:
+                x_proj = x_proj + (b[d, : 4 * hidden] + b[d, 4 * hidden :])
+            h0 = initial_h[d] if initial_h is not None else x.new_zeros(batch, hidden)
+            c0 = initial_c[d] if initial_c is not None else x.new_zeros(batch, hidden)
+            reverse = self.direction == "reverse" or d == 1
+            y, h, c = lstm_sequence(x_proj, h0, c0, r[d], reverse)[:3]
+            ys.append(y)
+            hs.append(h)
+            cs.append(c)
+        y = torch.stack(ys, 1)  # [seq, dirs, batch, hidden]
+        y_h, y_c = torch.stack(hs, 0), torch.stack(cs, 0)
+        if self.layout == 1:
+            y = y.permute(2, 0, 1, 3)
+            y_h, y_c = y_h.transpose(0, 1), y_c.transpose(0, 1)
         values = (y, y_h, y_c)[: self.outputs]
         return values[0] if self.outputs == 1 else values
 

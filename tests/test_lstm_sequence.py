@@ -1,0 +1,131 @@
+"""The LSTM operator of the traced and compiled steps (graph/lstm_sequence.py): its forward
+and hand-derived backward against autograd's of ONNX's equations, in float64; inlined
+as aten calls by the joint graph's trace, with fewer calls than the time loop's backward."""
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ort_torch_compat.graph import dense_kernel
+from ort_torch_compat.graph.converters.recurrent import Recurrent
+from ort_torch_compat.graph.lstm_sequence import LSTM_SEQUENCE_DECOMPOSITION, lstm_sequence, operators_in_traces
+
+SEQ, BATCH, HIDDEN, FEATURES = 5, 3, 4, 6
+
+
+def _onnx_lstm(x_proj, h, c, r, reverse):
+    """ONNX's LSTM equations (gates i, o, f, c; default activations), step by step."""
+    ys = [None] * x_proj.shape[0]
+    for k in range(x_proj.shape[0] - 1, -1, -1) if reverse else range(x_proj.shape[0]):
+        i, o, f, g = (x_proj[k] + h @ r.t()).chunk(4, dim=1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        ys[k] = h
+    return torch.stack(ys), h, c
+
+
+def _inputs(seed):
+    generator = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64).requires_grad_()
+
+    return rand(SEQ, BATCH, 4 * HIDDEN), rand(BATCH, HIDDEN), rand(BATCH, HIDDEN), rand(4 * HIDDEN, HIDDEN)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_forward_and_gradients_are_onnx_equations(reverse):
+    inputs = _inputs(1)
+    upstream = [torch.randn(SEQ, BATCH, HIDDEN, dtype=torch.float64), *torch.randn(2, BATCH, HIDDEN).double()]
+    expected = _onnx_lstm(*inputs, reverse)
+    actual = lstm_sequence(*inputs, reverse)[:3]
+    for e, a in zip(expected, actual):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+    expected_grads = torch.autograd.grad(expected, inputs, upstream)
+    actual_grads = torch.autograd.grad(actual, inputs, upstream)
+    for e, a in zip(expected_grads, actual_grads):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
+def test_gradients_when_only_the_last_state_is_used():
+    """A classifier on h_n: y and c_n get no gradient (undefined upstream gradients)."""
+    inputs = _inputs(2)
+    expected = torch.autograd.grad(_onnx_lstm(*inputs, False)[1].sum(), inputs)
+    actual = torch.autograd.grad(lstm_sequence(*inputs, False)[1].sum(), inputs)
+    for e, a in zip(expected, actual):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
+def _joint(reverse):
+    def step(x_proj, h0, c0, r):
+        with torch.enable_grad():
+            y, h, c = lstm_sequence(x_proj, h0, c0, r, reverse)[:3]
+            loss = y.sin().sum() + h.sum() + c.cos().sum()
+            return [loss.detach(), *torch.autograd.grad(loss, [x_proj, h0, c0, r])]
+
+    return step
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_the_joint_trace_inlines_it_with_one_recurrent_weight_product(reverse):
+    inputs = [t.detach().requires_grad_() for t in _inputs(3)]
+    graph = make_fx(_joint(reverse), decomposition_table=LSTM_SEQUENCE_DECOMPOSITION, tracing_mode="fake")(*inputs)
+    targets = [node.target for node in graph.graph.nodes if node.op == "call_function"]
+    assert not any("ort_torch_compat" in str(t) for t in targets)  # aten calls only: TorchScript runs them
+    products = [t for t in targets if t in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)]
+    # per time step one forward and one backward product, plus one for the recurrent weight's
+    # gradient over all steps (autograd's backward of the loop has one per step)
+    assert len(products) == 2 * SEQ + 1
+    expected = _joint(reverse)(*inputs)
+    for e, a in zip(expected, graph(*inputs)):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("layout", [0, 1])
+def test_the_converter_traces_the_operator_where_the_loop_ran(direction, layout):
+    """The ONNX node as traced for the traced step: the numbers and gradients of the time
+    loop (which a trace for the compiler keeps)."""
+    directions = 2 if direction == "bidirectional" else 1
+    acts = [torch.sigmoid, torch.tanh, torch.tanh] * directions
+    module = Recurrent("LSTM", HIDDEN, direction, layout, 0, 3, acts, None, False)
+    loop = Recurrent("LSTM", HIDDEN, direction, layout, 0, 3, acts, None, False)
+    loop.native = loop.sequence_operator = False
+    generator = torch.Generator().manual_seed(4)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64).requires_grad_()
+
+    x = rand(BATCH, SEQ, FEATURES) if layout else rand(SEQ, BATCH, FEATURES)
+    states = (BATCH, directions, HIDDEN) if layout else (directions, BATCH, HIDDEN)
+    inputs = [x, rand(directions, 4 * HIDDEN, FEATURES), rand(directions, 4 * HIDDEN, HIDDEN)]
+    inputs += [rand(directions, 8 * HIDDEN), None, rand(*states), rand(*states)]
+    trainable = [t for t in inputs if t is not None]
+    with dense_kernel.plain_aten_kernels(), operators_in_traces(True):
+        actual = module(*inputs)
+    expected = loop(*inputs)
+    for e, a in zip(expected, actual):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+    upstream = [torch.randn_like(e) for e in expected]
+    for e, a in zip(
+        torch.autograd.grad(expected, trainable, upstream), torch.autograd.grad(actual, trainable, upstream)
+    ):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
+def test_traces_for_the_compiler_keep_the_time_loop():
+    acts = [torch.sigmoid, torch.tanh, torch.tanh]
+    module = Recurrent("LSTM", HIDDEN, "forward", 0, 0, 3, acts, None, False)
+    inputs = [
+        torch.randn(SEQ, BATCH, FEATURES),
+        torch.randn(1, 4 * HIDDEN, FEATURES),
+        torch.randn(1, 4 * HIDDEN, HIDDEN),
+    ]
+    with dense_kernel.plain_aten_kernels():
+        graph = make_fx(module, tracing_mode="fake")(*inputs)
+    targets = {str(node.target) for node in graph.graph.nodes if node.op == "call_function"}
+    assert not any("ort_torch_compat" in t for t in targets)
+    with dense_kernel.plain_aten_kernels(), operators_in_traces(True):
+        graph = make_fx(module, tracing_mode="fake")(*inputs)
+    targets = {str(node.target) for node in graph.graph.nodes if node.op == "call_function"}
+    assert "ort_torch_compat.lstm_sequence.default" in targets
