@@ -29,8 +29,8 @@ def joint_train_graph(
     `decompositions` applied (the compiler's table, or {} to keep torch's own kernels)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from ..graph.lstm_sequence import LSTM_SEQUENCE_DECOMPOSITION
     from ..graph.specialize import NotSpecializable
+    from ..graph.traced_operators import TRACED_OPERATOR_DECOMPOSITIONS
 
     args = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
     args += [c.detach().clone() for c in spec.constants]
@@ -50,5 +50,5 @@ def joint_train_graph(
         flat = [torch.cat([filled[i].reshape(-1) for i in group]) for group in groups]
         return [r.detach() for r in results] + flat
 
-    table = {**decompositions, **LSTM_SEQUENCE_DECOMPOSITION}
+    table = {**decompositions, **TRACED_OPERATOR_DECOMPOSITIONS}
     return make_fx(whole_step, decomposition_table=table, tracing_mode="fake")(*args)

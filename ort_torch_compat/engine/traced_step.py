@@ -214,7 +214,7 @@ def build_traced_step(module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -
     cannot be traced."""
     from ..graph.specialize import specialize
 
-    spec = specialize(module, tensors, allow_random=True, fold_constants=True, sequence_operators=True)
+    spec = specialize(module, tensors, allow_random=True, fold_constants=True, hand_derived_backwards=True)
     graph = joint_train_graph(spec, tensors, {})
     drop_redundant_views(graph)
     operators = {

@@ -27,7 +27,7 @@ from typing import Iterator, List, Sequence, Set
 import torch
 from torch import fx
 
-from . import dense_kernel, lstm_sequence
+from . import dense_kernel, traced_operators
 
 
 class NotSpecializable(RuntimeError):
@@ -362,7 +362,7 @@ def specialize(
     fold_constants: bool = False,
     convolutions_as_products: bool = False,
     few_row_products_as_sums: bool = False,
-    sequence_operators: bool = False,
+    hand_derived_backwards: bool = False,
 ) -> SpecializedGraph:
     """Trace `module(*example_inputs)` into a functional aten graph for exactly these shapes.
 
@@ -376,15 +376,15 @@ def specialize(
     products (`_tiling_convolutions_as_products`; for the CPU compiler).
     `few_row_products_as_sums`: matrix products of a few rows become sums of elementwise
     products (`_few_row_products_as_sums`; for the CPU compiler).
-    `sequence_operators`: LSTMs as one operator per direction with a hand-derived backward
-    (graph/lstm_sequence.py; for the traced step: the compiler fuses the time loop better)."""
+    `hand_derived_backwards`: LSTMs and RMSNorms as operators with hand-derived backwards
+    (graph/traced_operators.py; for the traced step: the compiler fuses the converters' calls)."""
     from torch.func import functionalize
     from torch.fx.experimental.proxy_tensor import make_fx
 
     lifted, constants = _lift_constants(module), lifted_constants(module)
     copies = [tensor.detach().clone() for tensor in list(example_inputs) + constants]
     device = example_inputs[0].device if example_inputs else torch.device("cpu")
-    with _trace_environment(device), lstm_sequence.operators_in_traces(sequence_operators):
+    with _trace_environment(device), traced_operators.operators_in_traces(hand_derived_backwards):
         traced = make_fx(
             functionalize(lifted, remove="mutations"),
             decomposition_table={},

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from ..converter_registry import register
+from ..dense_kernel import plain_aten_active
+from ..traced_operators import operators_in_use, rms_norm
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
 
@@ -42,7 +44,9 @@ def _layer_norm(node: OnnxNode, graph: OnnxGraph):
 
 
 class SimplifiedLayerNorm(OnnxModule):
-    """`statistics`: also return the inverse standard deviation (output 1)."""
+    """`statistics`: also return the inverse standard deviation (output 1).  Traced for the
+    traced step, without statistics: one operator with a hand-derived backward
+    (graph/traced_operators.py)."""
 
     def __init__(self, axis: int, epsilon: float, statistics: bool = False):
         super().__init__()
@@ -50,6 +54,8 @@ class SimplifiedLayerNorm(OnnxModule):
 
     def forward(self, x: torch.Tensor, scale: torch.Tensor):
         axis = self.axis + x.dim() if self.axis < 0 else self.axis
+        if not self.statistics and scale.shape == x.shape[axis:] and plain_aten_active() and operators_in_use():
+            return rms_norm(x, scale, axis, float(self.epsilon))[0]  # a trace for the traced step
         dims = tuple(range(axis, x.dim()))
         inv_std = torch.rsqrt(x.pow(2).mean(dim=dims, keepdim=True) + self.epsilon)
         y = x * inv_std * scale

@@ -12,7 +12,7 @@ runs ~12 autograd ops per time step).  Same equations, float32 rounding apart (m
 outputs and gradients within 2e-6 relative of the loop); 2.1x faster (LSTM, 8 steps,
 hidden 32) to 2.4x (bidirectional) per forward+backward at on-device sizes.  In a trace
 for the traced step such an LSTM, in any direction, is one `lstm_sequence` operator per
-direction (graph/lstm_sequence.py: the same equations with a backward of half the calls).
+direction (graph/traced_operators.py: the same equations, a backward of fewer calls).
 Other traces keep the loop, which Inductor fuses and the traced step (engine/traced_step.py)
 runs call by call for the other cells, so what does not change between time steps is
 computed once per direction: the input projection, the recurrent weights' transposes, an
@@ -26,7 +26,7 @@ import torch
 
 from ..converter_registry import register
 from ..dense_kernel import plain_aten_active
-from ..lstm_sequence import lstm_sequence, operators_in_use
+from ..traced_operators import lstm_sequence, operators_in_use
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 from .named_activations import named_activation
 
@@ -64,7 +64,7 @@ class Recurrent(OnnxModule):
             and all(a is e for a, e in zip(self.activations, _NATIVE_ACTIVATIONS[cell] * directions))
         )
         self.native = plain and direction != "reverse"  # torch's op runs reverse only as bidirectional's half
-        self.sequence_operator = plain and cell == "LSTM"  # graph/lstm_sequence.py, in traces
+        self.sequence_operator = plain and cell == "LSTM"  # graph/traced_operators.py, in traces
 
     def forward(self, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None):
         if self.layout == 1:
@@ -183,7 +183,7 @@ class Recurrent(OnnxModule):
 
     def _traced_lstm(self, x, w, r, b, initial_h, initial_c):
         """The LSTM as `lstm_sequence` operators, one per direction, for a trace without
-        autograd (graph/lstm_sequence.py); `x` is [seq, batch, in]."""
+        autograd (graph/traced_operators.py); `x` is [seq, batch, in]."""
         seq, batch, hidden = x.shape[0], x.shape[1], self.hidden
         ys, hs, cs = [], [], []
         for d in range(w.shape[0]):

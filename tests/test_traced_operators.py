@@ -1,6 +1,6 @@
-"""The LSTM operator of the traced and compiled steps (graph/lstm_sequence.py): its forward
-and hand-derived backward against autograd's of ONNX's equations, in float64; inlined
-as aten calls by the joint graph's trace, with fewer calls than the time loop's backward."""
+"""The traced step's operators with hand-derived backwards (graph/traced_operators.py):
+forward and backward against autograd's of the converters' equations, in float64; inlined
+as aten calls by the joint graph's trace, with fewer calls than autograd's backward."""
 
 import pytest
 import torch
@@ -8,7 +8,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from ort_torch_compat.graph import dense_kernel
 from ort_torch_compat.graph.converters.recurrent import Recurrent
-from ort_torch_compat.graph.lstm_sequence import LSTM_SEQUENCE_DECOMPOSITION, lstm_sequence, operators_in_traces
+from ort_torch_compat.graph.traced_operators import (
+    TRACED_OPERATOR_DECOMPOSITIONS,
+    lstm_sequence,
+    operators_in_traces,
+    rms_norm,
+)
 
 SEQ, BATCH, HIDDEN, FEATURES = 5, 3, 4, 6
 
@@ -69,7 +74,7 @@ def _joint(reverse):
 @pytest.mark.parametrize("reverse", [False, True])
 def test_the_joint_trace_inlines_it_with_one_recurrent_weight_product(reverse):
     inputs = [t.detach().requires_grad_() for t in _inputs(3)]
-    graph = make_fx(_joint(reverse), decomposition_table=LSTM_SEQUENCE_DECOMPOSITION, tracing_mode="fake")(*inputs)
+    graph = make_fx(_joint(reverse), decomposition_table=TRACED_OPERATOR_DECOMPOSITIONS, tracing_mode="fake")(*inputs)
     targets = [node.target for node in graph.graph.nodes if node.op == "call_function"]
     assert not any("ort_torch_compat" in str(t) for t in targets)  # aten calls only: TorchScript runs them
     products = [t for t in targets if t in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)]
@@ -129,3 +134,30 @@ def test_traces_for_the_compiler_keep_the_time_loop():
         graph = make_fx(module, tracing_mode="fake")(*inputs)
     targets = {str(node.target) for node in graph.graph.nodes if node.op == "call_function"}
     assert "ort_torch_compat.lstm_sequence.default" in targets
+
+
+@pytest.mark.parametrize("axis", [1, 2])
+def test_rms_norm_is_the_converters_equations(axis):
+    from ort_torch_compat.graph.converters.layer_norm import SimplifiedLayerNorm
+
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(BATCH, SEQ, HIDDEN, generator=generator, dtype=torch.float64).requires_grad_()
+    scale = torch.randn(x.shape[axis:], generator=generator, dtype=torch.float64).requires_grad_()
+    module = SimplifiedLayerNorm(axis - 3, 1e-5)
+    expected = module(x, scale)
+    with dense_kernel.plain_aten_kernels(), operators_in_traces(True):
+        actual = module(x, scale)
+    torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-12)
+    upstream = torch.randn_like(expected)
+    for e, a in zip(
+        torch.autograd.grad(expected, [x, scale], upstream), torch.autograd.grad(actual, [x, scale], upstream)
+    ):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+    graph = make_fx(
+        lambda x, scale, dy: torch.autograd.grad(rms_norm(x, scale, axis, 1e-5)[0], [x, scale], dy),
+        decomposition_table=TRACED_OPERATOR_DECOMPOSITIONS,
+        tracing_mode="fake",
+    )(x, scale, upstream)
+    calls = [node for node in graph.graph.nodes if node.op == "call_function" and "detach" not in str(node.target)]
+    assert not any("ort_torch_compat" in str(node.target) for node in calls)
+    assert len(calls) <= 14  # forward 7, backward 7: autograd's backward of the forward's calls takes 17

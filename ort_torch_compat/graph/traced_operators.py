@@ -1,0 +1,226 @@
+"""Operators with hand-derived backwards for the traced step (a graph of aten calls run
+without autograd by TorchScript): an LSTM direction over a whole sequence
+(`lstm_sequence`) and RMSNorm (`rms_norm`, ORT's SimplifiedLayerNormalization).
+
+Why (measured, docs/design.md "Hand-derived backwards in the traced step"): at on-device
+sizes every aten call costs ~1 us of framework and almost no arithmetic, and autograd's
+backward of the converters' aten calls takes more calls than the derivative needs.
+
+- LSTM (hidden 32, batch 2): autograd's backward of the time loop
+  (graph/converters/recurrent.py) differentiates each gate's activation on its own,
+  concatenates the four gate gradients, and computes and accumulates a recurrent-weight
+  gradient product per time step.  Here the three sigmoid gates (ONNX's i, o, f blocks are
+  adjacent) activate and differentiate as one, the recurrent weight's gradient is one
+  product over all time steps, and the forward's product and bias add are one `addmm`:
+  LSTM-tiny's traced step makes 225 calls besides views (265 before) and 355 in all (452),
+  and its Static Runtime run takes 0.26 ms instead of 0.33.  Same equations as ONNX's LSTM
+  (default activations; no clip, peepholes, input_forget or sequence_lens).
+- RMSNorm: autograd differentiates pow, mean, add, rsqrt and two products one by one (17
+  calls); here dx = inv_std * (g - xn * mean(g * xn)) with g = dy * scale, and the scale's
+  gradient sum(dy * xn): seven calls; means as sums (ATen's mean is a sum and a division).
+  Llama-tiny's Static Runtime run: 0.53 -> 0.46 ms.
+
+Float32 rounding apart, values and gradients are autograd's of the converters' aten calls
+(tests/test_traced_operators.py compares them in float64).
+
+How: each is a `torch.library` custom operator, so the specializing trace
+(graph/specialize.py, with `hand_derived_backwards`) keeps it as one node;
+`joint_train_graph` (engine/joint_graph.py) traces it with `TRACED_OPERATOR_DECOMPOSITIONS`,
+which inlines its forward, and autograd runs its backward, whose aten calls the same trace
+records.  Run eagerly, with autograd, an operator computes the same forward and backward.
+Traces for the compiler keep the converters' calls: Inductor fuses the LSTM loop's backward
+better than this one's (a compiled LSTM-tiny step: 0.14 ms, 0.17 with the operator).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import torch
+
+_tracing = threading.local()  # whether this thread's trace uses the operators (`operators_in_traces`)
+
+
+@contextlib.contextmanager
+def operators_in_traces(enabled: bool) -> Iterator[None]:
+    """While `enabled`, the converters trace these operators instead of their own aten
+    calls (graph/specialize.py, for the traced step)."""
+    previous = getattr(_tracing, "enabled", False)
+    _tracing.enabled = enabled
+    try:
+        yield
+    finally:
+        _tracing.enabled = previous
+
+
+def operators_in_use() -> bool:
+    """Whether the trace running in this thread uses these operators (`operators_in_traces`)."""
+    return getattr(_tracing, "enabled", False)
+
+
+# ---- LSTM --------------------------------------------------------------------------------
+
+
+def _lstm_forward(
+    x_proj: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, r: torch.Tensor, reverse: bool
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, h_n, c_n) of one direction, then what the backward needs, time-indexed: the
+    cell states, the sigmoid gates (i, o, f), the candidates and tanh of the cell states.
+    `x_proj` is [seq, batch, 4 * hidden] with both biases added, `r` ONNX's [4 * hidden, hidden]
+    recurrent weight of this direction."""
+    seq, hidden = x_proj.shape[0], h0.shape[-1]
+    r_t = r.t()
+    steps = x_proj.unbind(0)
+    h, c = h0, c0
+    hs: List[torch.Tensor] = [h0] * seq
+    cs, sigs, cands, tcs = list(hs), list(hs), list(hs), list(hs)
+    for k in _order(seq, reverse):
+        g = torch.addmm(steps[k], h, r_t)
+        sig, cand = torch.sigmoid(g[:, : 3 * hidden]), torch.tanh(g[:, 3 * hidden :])
+        i, o, f = sig[:, :hidden], sig[:, hidden : 2 * hidden], sig[:, 2 * hidden :]  # slices: cheaper than a split
+        c = torch.addcmul(f * c, i, cand)
+        tc = torch.tanh(c)
+        h = o * tc
+        hs[k], cs[k], sigs[k], cands[k], tcs[k] = h, c, sig, cand, tc
+    stacked = [torch.stack(values, 0) for values in (hs, cs, sigs, cands, tcs)]
+    return stacked[0], h, c, *stacked[1:]  # seq > 0: h and c are new tensors, not h0 and c0
+
+
+def _order(seq: int, reverse: bool) -> range:
+    return range(seq - 1, -1, -1) if reverse else range(seq)
+
+
+_LSTM_SCHEMA = "(Tensor x_proj, Tensor h0, Tensor c0, Tensor r, bool reverse) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
+
+
+# schemas given: torch 2.6 reads no string annotations
+@torch.library.custom_op("ort_torch_compat::lstm_sequence", mutates_args=(), schema=_LSTM_SCHEMA)
+def lstm_sequence(
+    x_proj: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, r: torch.Tensor, reverse: bool
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One LSTM direction (see the module docstring): y [seq, batch, hidden], h_n, c_n, then
+    four tensors for the backward (not outputs of the ONNX node)."""
+    return _lstm_forward(x_proj, h0, c0, r, reverse)
+
+
+@lstm_sequence.register_fake
+def _(x_proj, h0, c0, r, reverse):
+    seq, batch, hidden = x_proj.shape[0], h0.shape[0], h0.shape[1]
+    state = x_proj.new_empty(seq, batch, hidden)
+    return (
+        state,
+        h0.new_empty(batch, hidden),
+        h0.new_empty(batch, hidden),
+        x_proj.new_empty(seq, batch, hidden),
+        x_proj.new_empty(seq, batch, 3 * hidden),
+        x_proj.new_empty(seq, batch, hidden),
+        x_proj.new_empty(seq, batch, hidden),
+    )
+
+
+def _lstm_setup_context(ctx, inputs, output) -> None:
+    _, h0, c0, r, reverse = inputs
+    y, _, _, cells, sigs, cands, tcs = output
+    ctx.save_for_backward(h0, c0, r, y, cells, sigs, cands, tcs)
+    ctx.reverse = reverse
+    ctx.set_materialize_grads(False)  # no zero-filled gradients of the outputs the backward ignores
+
+
+def _lstm_backward(ctx, dy, dh_n, dc_n, *_unused) -> Tuple[Optional[torch.Tensor], ...]:
+    h0, c0, r, y, cells, sigs, cands, tcs = ctx.saved_tensors
+    seq, hidden = y.shape[0], h0.shape[-1]
+    order = list(_order(seq, ctx.reverse))
+    dh = dh_n if dh_n is not None else torch.zeros_like(h0)
+    dc = dc_n if dc_n is not None else torch.zeros_like(c0)
+    dys = dy.unbind(0) if dy is not None else None
+    cell_steps, sig_steps, cand_steps, tc_steps = cells.unbind(0), sigs.unbind(0), cands.unbind(0), tcs.unbind(0)
+    i_steps, o_steps, f_steps = (gate.unbind(0) for gate in sigs.split(hidden, dim=2))
+    dgs: List[torch.Tensor] = [dh] * seq
+    for position in range(seq - 1, -1, -1):
+        k = order[position]
+        c_prev = cell_steps[order[position - 1]] if position else c0
+        if dys is not None:
+            dh = dh + dys[k]
+        sig, cand, tc = sig_steps[k], cand_steps[k], tc_steps[k]
+        i, o, f = i_steps[k], o_steps[k], f_steps[k]
+        dc = dc + torch.ops.aten.tanh_backward(dh * o, tc)
+        gates = torch.cat([dc * cand, dh * tc, dc * c_prev], 1)  # d i, d o, d f
+        dg = torch.cat([torch.ops.aten.sigmoid_backward(gates, sig), torch.ops.aten.tanh_backward(dc * i, cand)], 1)
+        dgs[k] = dg
+        dc = dc * f
+        dh = dg.mm(r)
+    d_proj = torch.stack(dgs, 0)
+    # the state each time step started from, time-indexed
+    starts = torch.cat([h0.unsqueeze(0), y[:-1]], 0) if not ctx.reverse else torch.cat([y[1:], h0.unsqueeze(0)], 0)
+    dr = d_proj.reshape(-1, 4 * hidden).t().mm(starts.reshape(-1, hidden))
+    return d_proj, dh, dc, dr, None
+
+
+lstm_sequence.register_autograd(_lstm_backward, setup_context=_lstm_setup_context)
+
+
+# ---- RMSNorm -----------------------------------------------------------------------------
+def _rms_norm_forward(
+    x: torch.Tensor, scale: torch.Tensor, axis: int, epsilon: float
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """y = x * inv_std * scale over the axes from `axis` on, then x * inv_std and inv_std
+    (for the backward).  The mean of squares as a sum times 1/n: ATen's mean over a row of
+    64 takes 4.4 us, its sum 2.4 and a product 1.2."""
+    count = math.prod(x.shape[axis:])
+    squares = (x * x).sum(dim=tuple(range(axis, x.dim())), keepdim=True)
+    inv_std = torch.rsqrt(squares * (1.0 / count) + epsilon)
+    normalized = x * inv_std
+    return normalized * scale, normalized, inv_std
+
+
+@torch.library.custom_op(
+    "ort_torch_compat::rms_norm",
+    mutates_args=(),
+    schema="(Tensor x, Tensor scale, int axis, float epsilon) -> (Tensor, Tensor, Tensor)",
+)
+def rms_norm(
+    x: torch.Tensor, scale: torch.Tensor, axis: int, epsilon: float
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RMSNorm over the axes from `axis` (>= 0) on, `scale` of their shape: y, then two
+    tensors for the backward (see the module docstring)."""
+    return _rms_norm_forward(x, scale, axis, epsilon)
+
+
+@rms_norm.register_fake
+def _(x, scale, axis, epsilon):
+    return x.new_empty(x.shape), x.new_empty(x.shape), x.new_empty(*x.shape[:axis], *[1] * (x.dim() - axis))
+
+
+def _rms_norm_setup_context(ctx, inputs, output) -> None:
+    _, scale, axis, _ = inputs
+    _, normalized, inv_std = output
+    ctx.save_for_backward(scale, normalized, inv_std)
+    ctx.axis = axis
+    ctx.set_materialize_grads(False)
+
+
+def _rms_norm_backward(ctx, dy, *_unused) -> Tuple[Optional[torch.Tensor], ...]:
+    scale, normalized, inv_std = ctx.saved_tensors
+    axes = tuple(range(ctx.axis, normalized.dim()))
+    dx = dscale = None
+    if dy is None:
+        return dx, dscale, None, None
+    if ctx.needs_input_grad[0]:  # inv_std * (g - normalized * mean(g * normalized)), g = dy * scale
+        g = dy * scale
+        dots = (g * normalized).sum(dim=axes, keepdim=True)
+        dx = inv_std * torch.addcmul(g, normalized, dots, value=-1.0 / math.prod(normalized.shape[ctx.axis :]))
+    if ctx.needs_input_grad[1]:
+        dscale = (dy * normalized).sum(dim=tuple(range(ctx.axis))) if ctx.axis else dy * normalized
+    return dx, dscale, None, None
+
+
+rms_norm.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup_context)
+
+TRACED_OPERATOR_DECOMPOSITIONS: Dict[object, object] = {
+    torch.ops.ort_torch_compat.lstm_sequence.default: _lstm_forward,
+    torch.ops.ort_torch_compat.rms_norm.default: _rms_norm_forward,
+}
+"""For `make_fx`'s decomposition table: the operators' forwards inlined as aten calls."""
