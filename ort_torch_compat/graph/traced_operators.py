@@ -7,14 +7,15 @@ sizes every aten call costs ~1 us of framework and almost no arithmetic, and aut
 backward of the converters' aten calls takes more calls than the derivative needs.
 
 - LSTM (hidden 32, batch 2): autograd's backward of the time loop
-  (graph/converters/recurrent.py) differentiates each gate's activation on its own,
-  concatenates the four gate gradients, and computes and accumulates a recurrent-weight
-  gradient product per time step.  Here the three sigmoid gates (ONNX's i, o, f blocks are
-  adjacent) activate and differentiate as one, the recurrent weight's gradient is one
-  product over all time steps, and the forward's product and bias add are one `addmm`:
-  LSTM-tiny's traced step makes 225 calls besides views (265 before) and 355 in all (452),
-  and its Static Runtime run takes 0.26 ms instead of 0.33.  Same equations as ONNX's LSTM
-  (default activations; no clip, peepholes, input_forget or sequence_lens).
+  (graph/converters/recurrent.py) takes ~14 calls a time step: each gate's activation
+  differentiated on its own, the four gate gradients concatenated, a recurrent-weight
+  gradient product made and accumulated.  Here the recurrence takes six (`_lstm_backward`):
+  what does not depend on it (the activations' derivatives times what they multiply) is
+  computed for all time steps at once, the recurrent weight's gradient is one product over
+  all steps, and the forward's product and bias add are one `addmm`: LSTM-tiny's traced
+  step makes 164 calls besides views (265 before) and 292 in all (452); its Static Runtime
+  run takes 0.23-0.25 ms instead of 0.33.  Same equations as ONNX's LSTM (default
+  activations; no clip, peepholes, input_forget or sequence_lens).
 - RMSNorm: autograd differentiates pow, mean, add, rsqrt and two products one by one (17
   calls); here dx = inv_std * (g - xn * mean(g * xn)) with g = dy * scale, and the scale's
   gradient sum(dy * xn): seven calls; means as sums (ATen's mean is a sum and a division).
@@ -130,33 +131,48 @@ def _lstm_setup_context(ctx, inputs, output) -> None:
 
 
 def _lstm_backward(ctx, dy, dh_n, dc_n, *_unused) -> Tuple[Optional[torch.Tensor], ...]:
+    """The time steps' recurrence takes six calls a step; what does not depend on it is
+    computed for all steps at once.  With dh the gradient of a step's state and dc of its
+    cell: dc += dh * o * (1 - tanh(c)^2); the gates' gradient is [dc, dh, dc, dc] times
+    [cand * i(1 - i), tanh(c) * o(1 - o), c_prev * f(1 - f), i * (1 - cand^2)]; then
+    dc *= f and dh = gates' gradient @ r for the step before."""
     h0, c0, r, y, cells, sigs, cands, tcs = ctx.saved_tensors
     seq, hidden = y.shape[0], h0.shape[-1]
-    order = list(_order(seq, ctx.reverse))
+    i, o, f = sigs.split(hidden, dim=2)
+    through_tanh = torch.ops.aten.tanh_backward(o, tcs)
+    coefficients = torch.cat(
+        [
+            torch.ops.aten.sigmoid_backward(cands, i),
+            torch.ops.aten.sigmoid_backward(tcs, o),
+            torch.ops.aten.sigmoid_backward(_starts(cells, c0, ctx.reverse), f),
+            torch.ops.aten.tanh_backward(i, cands),
+        ],
+        2,
+    )
     dh = dh_n if dh_n is not None else torch.zeros_like(h0)
     dc = dc_n if dc_n is not None else torch.zeros_like(c0)
     dys = dy.unbind(0) if dy is not None else None
-    cell_steps, sig_steps, cand_steps, tc_steps = cells.unbind(0), sigs.unbind(0), cands.unbind(0), tcs.unbind(0)
-    i_steps, o_steps, f_steps = (gate.unbind(0) for gate in sigs.split(hidden, dim=2))
+    tanh_steps, coefficient_steps, f_steps = through_tanh.unbind(0), coefficients.unbind(0), f.unbind(0)
     dgs: List[torch.Tensor] = [dh] * seq
-    for position in range(seq - 1, -1, -1):
-        k = order[position]
-        c_prev = cell_steps[order[position - 1]] if position else c0
+    for k in reversed(_order(seq, ctx.reverse)):
         if dys is not None:
             dh = dh + dys[k]
-        sig, cand, tc = sig_steps[k], cand_steps[k], tc_steps[k]
-        i, o, f = i_steps[k], o_steps[k], f_steps[k]
-        dc = dc + torch.ops.aten.tanh_backward(dh * o, tc)
-        gates = torch.cat([dc * cand, dh * tc, dc * c_prev], 1)  # d i, d o, d f
-        dg = torch.cat([torch.ops.aten.sigmoid_backward(gates, sig), torch.ops.aten.tanh_backward(dc * i, cand)], 1)
+        dc = torch.addcmul(dc, dh, tanh_steps[k])
+        dg = torch.cat([dc, dh, dc, dc], 1) * coefficient_steps[k]
         dgs[k] = dg
-        dc = dc * f
+        dc = dc * f_steps[k]
         dh = dg.mm(r)
     d_proj = torch.stack(dgs, 0)
-    # the state each time step started from, time-indexed
-    starts = torch.cat([h0.unsqueeze(0), y[:-1]], 0) if not ctx.reverse else torch.cat([y[1:], h0.unsqueeze(0)], 0)
-    dr = d_proj.reshape(-1, 4 * hidden).t().mm(starts.reshape(-1, hidden))
+    dr = d_proj.reshape(-1, 4 * hidden).t().mm(_starts(y, h0, ctx.reverse).reshape(-1, hidden))
     return d_proj, dh, dc, dr, None
+
+
+def _starts(values: torch.Tensor, initial: torch.Tensor, reverse: bool) -> torch.Tensor:
+    """What each time step started from, time-indexed: the step before's value (`values`,
+    time-indexed), or `initial` for the first step taken."""
+    if reverse:
+        return torch.cat([values[1:], initial.unsqueeze(0)], 0)
+    return torch.cat([initial.unsqueeze(0), values[:-1]], 0)
 
 
 lstm_sequence.register_autograd(_lstm_backward, setup_context=_lstm_setup_context)
