@@ -11,7 +11,6 @@ import torch.nn.functional as F
 
 from ..converter_registry import register
 from ..dense_kernel import plain_aten_active
-from ..traced_operators import operators_in_use, rms_norm
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 
 
@@ -54,8 +53,11 @@ class SimplifiedLayerNorm(OnnxModule):
 
     def forward(self, x: torch.Tensor, scale: torch.Tensor):
         axis = self.axis + x.dim() if self.axis < 0 else self.axis
-        if not self.statistics and scale.shape == x.shape[axis:] and plain_aten_active() and operators_in_use():
-            return rms_norm(x, scale, axis, float(self.epsilon))[0]  # a trace for the traced step
+        if not self.statistics and scale.shape == x.shape[axis:] and plain_aten_active():
+            from .. import traced_operators  # registers its operators: only where a trace needs them
+
+            if traced_operators.operators_in_use():  # a trace for the traced step
+                return traced_operators.rms_norm(x, scale, axis, float(self.epsilon))[0]
         dims = tuple(range(axis, x.dim()))
         inv_std = torch.rsqrt(x.pow(2).mean(dim=dims, keepdim=True) + self.epsilon)
         y = x * inv_std * scale

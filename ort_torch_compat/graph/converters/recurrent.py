@@ -26,7 +26,6 @@ import torch
 
 from ..converter_registry import register
 from ..dense_kernel import plain_aten_active
-from ..traced_operators import lstm_sequence, operators_in_use
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 from .named_activations import named_activation
 
@@ -82,8 +81,11 @@ class Recurrent(OnnxModule):
             traced = plain_aten_active()
             if self.native and not traced:
                 return self._native(x, w, r, b, initial_h, initial_c)
-            if self.sequence_operator and traced and x.shape[0] > 0 and operators_in_use():
-                return self._traced_lstm(x, w, r, b, initial_h, initial_c)
+            if self.sequence_operator and traced and x.shape[0] > 0:
+                from .. import traced_operators  # registers its operators: only where a trace needs them
+
+                if traced_operators.operators_in_use():
+                    return self._traced_lstm(x, w, r, b, initial_h, initial_c, traced_operators.lstm_sequence)
         seq, batch = x.shape[0], x.shape[1]
         gates = _GATES[self.cell]
         per_direction = len(self.activations) // w.shape[0]
@@ -181,7 +183,7 @@ class Recurrent(OnnxModule):
         values = (y, y_h, y_c)[: self.outputs]
         return values[0] if self.outputs == 1 else values
 
-    def _traced_lstm(self, x, w, r, b, initial_h, initial_c):
+    def _traced_lstm(self, x, w, r, b, initial_h, initial_c, lstm_sequence):
         """The LSTM as `lstm_sequence` operators, one per direction, for a trace without
         autograd (graph/traced_operators.py); `x` is [seq, batch, in]."""
         seq, batch, hidden = x.shape[0], x.shape[1], self.hidden
