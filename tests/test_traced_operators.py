@@ -88,7 +88,8 @@ def test_the_joint_trace_inlines_it_with_one_recurrent_weight_product(reverse):
 
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 @pytest.mark.parametrize("layout", [0, 1])
-def test_the_converter_traces_the_operator_where_the_loop_ran(direction, layout):
+@pytest.mark.parametrize("optional_inputs", [True, False])
+def test_the_converter_traces_the_operator_where_the_loop_ran(direction, layout, optional_inputs):
     """The ONNX node as traced for the traced step: the numbers and gradients of the time
     loop (which a trace for the compiler keeps)."""
     directions = 2 if direction == "bidirectional" else 1
@@ -104,7 +105,8 @@ def test_the_converter_traces_the_operator_where_the_loop_ran(direction, layout)
     x = rand(BATCH, SEQ, FEATURES) if layout else rand(SEQ, BATCH, FEATURES)
     states = (BATCH, directions, HIDDEN) if layout else (directions, BATCH, HIDDEN)
     inputs = [x, rand(directions, 4 * HIDDEN, FEATURES), rand(directions, 4 * HIDDEN, HIDDEN)]
-    inputs += [rand(directions, 8 * HIDDEN), None, rand(*states), rand(*states)]
+    if optional_inputs:  # biases and initial states
+        inputs += [rand(directions, 8 * HIDDEN), None, rand(*states), rand(*states)]
     trainable = [t for t in inputs if t is not None]
     with dense_kernel.plain_aten_kernels(), operators_in_traces(True):
         actual = module(*inputs)

@@ -185,22 +185,32 @@ class Recurrent(OnnxModule):
 
     def _traced_lstm(self, x, w, r, b, initial_h, initial_c, lstm_sequence):
         """The LSTM as `lstm_sequence` operators, one per direction, for a trace without
-        autograd (graph/traced_operators.py); `x` is [seq, batch, in]."""
+        autograd (graph/traced_operators.py); `x` is [seq, batch, in].  A direction's
+        weights are taken as views whose backward is a view too (one direction) or one
+        stack (two), not selects, whose backward fills a zero tensor per weight; the two
+        biases are added as a sum over a view (backward: an expand)."""
         seq, batch, hidden = x.shape[0], x.shape[1], self.hidden
+        directions = w.shape[0]
+        ws, rs = _per_direction(w), _per_direction(r)
+        bs = None if b is None else _per_direction(b.view(directions, 2, 4 * hidden).sum(1))
+        h0s = _per_direction(initial_h) if initial_h is not None else None
+        c0s = _per_direction(initial_c) if initial_c is not None else None
+        inputs = x.reshape(seq * batch, x.shape[2])
         ys, hs, cs = [], [], []
-        for d in range(w.shape[0]):
-            x_proj = torch.matmul(x.reshape(seq * batch, x.shape[2]), w[d].t()).view(seq, batch, 4 * hidden)
-            if b is not None:
-                x_proj = x_proj + (b[d, : 4 * hidden] + b[d, 4 * hidden :])
-            h0 = initial_h[d] if initial_h is not None else x.new_zeros(batch, hidden)
-            c0 = initial_c[d] if initial_c is not None else x.new_zeros(batch, hidden)
+        for d in range(directions):
+            if bs is None:
+                x_proj = torch.mm(inputs, ws[d].t())
+            else:
+                x_proj = torch.addmm(bs[d], inputs, ws[d].t())
+            h0 = h0s[d] if h0s is not None else x.new_zeros(batch, hidden)
+            c0 = c0s[d] if c0s is not None else x.new_zeros(batch, hidden)
             reverse = self.direction == "reverse" or d == 1
-            y, h, c = lstm_sequence(x_proj, h0, c0, r[d], reverse)[:3]
+            y, h, c = lstm_sequence(x_proj.view(seq, batch, 4 * hidden), h0, c0, rs[d], reverse)[:3]
             ys.append(y)
             hs.append(h)
             cs.append(c)
-        y = torch.stack(ys, 1)  # [seq, dirs, batch, hidden]
-        y_h, y_c = torch.stack(hs, 0), torch.stack(cs, 0)
+        y = _stacked(ys, 1)  # [seq, dirs, batch, hidden]
+        y_h, y_c = _stacked(hs, 0), _stacked(cs, 0)
         if self.layout == 1:
             y = y.permute(2, 0, 1, 3)
             y_h, y_c = y_h.transpose(0, 1), y_c.transpose(0, 1)
@@ -256,6 +266,16 @@ class Recurrent(OnnxModule):
         else:
             cand = g_act(self._clipped(xh + torch.matmul(rt * h, rh_t) + bh))
         return (1 - z) * cand + z * h
+
+
+def _per_direction(tensor: torch.Tensor) -> Sequence[torch.Tensor]:
+    """`tensor`'s slices along dim 0 (directions): a squeeze for one, an unbind for two."""
+    return [tensor.squeeze(0)] if tensor.shape[0] == 1 else tensor.unbind(0)
+
+
+def _stacked(tensors: List[torch.Tensor], dim: int) -> torch.Tensor:
+    """`torch.stack(tensors, dim)`; one tensor as a view (an unsqueeze), not a copy."""
+    return tensors[0].unsqueeze(dim) if len(tensors) == 1 else torch.stack(tensors, dim)
 
 
 def _recurrent(cell: str):
