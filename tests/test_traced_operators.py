@@ -29,19 +29,21 @@ def _onnx_lstm(x_proj, h, c, r, reverse):
     return torch.stack(ys), h, c
 
 
-def _inputs(seed):
+def _inputs(seed, seq=SEQ, batch=BATCH, hidden=HIDDEN):
     generator = torch.Generator().manual_seed(seed)
 
     def rand(*shape):
         return torch.randn(*shape, generator=generator, dtype=torch.float64).requires_grad_()
 
-    return rand(SEQ, BATCH, 4 * HIDDEN), rand(BATCH, HIDDEN), rand(BATCH, HIDDEN), rand(4 * HIDDEN, HIDDEN)
+    return rand(seq, batch, 4 * hidden), rand(batch, hidden), rand(batch, hidden), rand(4 * hidden, hidden)
 
 
 @pytest.mark.parametrize("reverse", [False, True])
-def test_forward_and_gradients_are_onnx_equations(reverse):
-    inputs = _inputs(1)
-    upstream = [torch.randn(SEQ, BATCH, HIDDEN, dtype=torch.float64), *torch.randn(2, BATCH, HIDDEN).double()]
+@pytest.mark.parametrize("sizes", [(SEQ, BATCH, HIDDEN), (1, 1, 1), (1, 3, 2), (7, 1, 5)])
+def test_forward_and_gradients_are_onnx_equations(reverse, sizes):
+    seq, batch, hidden = sizes
+    inputs = _inputs(1, seq, batch, hidden)
+    upstream = [torch.randn(seq, batch, hidden, dtype=torch.float64), *torch.randn(2, batch, hidden).double()]
     expected = _onnx_lstm(*inputs, reverse)
     actual = lstm_sequence(*inputs, reverse)[:3]
     for e, a in zip(expected, actual):
@@ -138,7 +140,7 @@ def test_traces_for_the_compiler_keep_the_time_loop():
     assert "ort_torch_compat.lstm_sequence.default" in targets
 
 
-@pytest.mark.parametrize("axis", [1, 2])
+@pytest.mark.parametrize("axis", [0, 1, 2])
 def test_rms_norm_is_the_converters_equations(axis):
     from ort_torch_compat.graph.converters.layer_norm import SimplifiedLayerNorm
 
