@@ -117,6 +117,7 @@ def _policy_on_two_cores(monkeypatch, load: list) -> tuple:
     monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (load[0], load[0], load[0]))
     monkeypatch.setattr(threads, "_LOAD_READ_INTERVAL_S", 0.0)  # read the load at every question
+    monkeypatch.setattr(threads, "_finished_work", [])  # no compile worker of an earlier test counted
     policy = ThreadPolicy()
     used: list = []
 
@@ -132,7 +133,9 @@ def _policy_on_two_cores(monkeypatch, load: list) -> tuple:
 
 def test_a_retry_of_more_threads_waits_for_idle_cores(two_threads, monkeypatch):
     monkeypatch.setattr(threads, "_MIN_RETRY_INTERVAL_S", 0.0)
-    monkeypatch.setattr(threads, "_RETRY_SHARE", 1.0)
+    # a re-try is due at every step (no interval that a slow sample on a busy host could
+    # stretch past the steps below): only the load puts it off
+    monkeypatch.setattr(threads, "_RETRY_SHARE", 1e12)
     load = [0.0]
     policy, used, step = _policy_on_two_cores(monkeypatch, load)
     for _ in range(7):  # warm-up, then three samples of each count: 1 wins
