@@ -142,13 +142,7 @@ class Recurrent(OnnxModule):
             ys.append(y)
             hs.append(h)
             cs.append(c)
-        y = torch.stack(ys, 1)  # [seq, dirs, batch, hidden]
-        y_h, y_c = torch.stack(hs, 0), torch.stack(cs, 0)
-        if self.layout == 1:
-            y = y.permute(2, 0, 1, 3)
-            y_h, y_c = y_h.transpose(0, 1), y_c.transpose(0, 1)
-        values = (y, y_h, y_c)[: self.outputs]
-        return values[0] if self.outputs == 1 else values
+        return self._onnx_outputs(torch.stack(ys, 1), torch.stack(hs, 0), torch.stack(cs, 0))
 
     def _native(self, x, w, r, b, initial_h, initial_c):
         """torch's LSTM/GRU op on ONNX's weights (see the module docstring); `x` is [seq, batch, in]."""
@@ -175,13 +169,7 @@ class Recurrent(OnnxModule):
         else:
             y, y_h = torch._VF.gru(x, h0, flat, b is not None, 1, 0.0, torch.is_grad_enabled(), bidirectional, False)
             y_c = None
-        y = y.view(seq, batch, directions, hidden).transpose(1, 2)  # [seq, dirs, batch, hidden]
-        if self.layout == 1:
-            y = y.permute(2, 0, 1, 3)
-            y_h = y_h.transpose(0, 1)
-            y_c = None if y_c is None else y_c.transpose(0, 1)
-        values = (y, y_h, y_c)[: self.outputs]
-        return values[0] if self.outputs == 1 else values
+        return self._onnx_outputs(y.view(seq, batch, directions, hidden).transpose(1, 2), y_h, y_c)
 
     def _traced_lstm(self, x, w, r, b, initial_h, initial_c, lstm_sequence):
         """The LSTM as `lstm_sequence` operators, one per direction, for a trace without
@@ -209,11 +197,15 @@ class Recurrent(OnnxModule):
             ys.append(y)
             hs.append(h)
             cs.append(c)
-        y = _stacked(ys, 1)  # [seq, dirs, batch, hidden]
-        y_h, y_c = _stacked(hs, 0), _stacked(cs, 0)
+        return self._onnx_outputs(_stacked(ys, 1), _stacked(hs, 0), _stacked(cs, 0))
+
+    def _onnx_outputs(self, y, y_h, y_c):
+        """The node's outputs from y [seq, dirs, batch, hidden] and the last states
+        [dirs, batch, hidden] (y_c None for a GRU): in the node's layout, as many as it has."""
         if self.layout == 1:
             y = y.permute(2, 0, 1, 3)
-            y_h, y_c = y_h.transpose(0, 1), y_c.transpose(0, 1)
+            y_h = y_h.transpose(0, 1)
+            y_c = None if y_c is None else y_c.transpose(0, 1)
         values = (y, y_h, y_c)[: self.outputs]
         return values[0] if self.outputs == 1 else values
 
