@@ -565,6 +565,37 @@ def test_auto_compiles_in_the_background_from_the_first_step(monkeypatch, tmp_pa
     assert inline_worker.started == [True, False]  # "on" waits in the foreground
 
 
+def test_auto_traces_the_first_step_before_starting_the_worker(monkeypatch, tmp_path, inline_worker):
+    """Under "auto" the first step (cold cache) builds its traced step first and starts the
+    worker after it (started together they shared the cores through the trace); under "on"
+    the worker, waited for, comes first (a trace before it would be thrown away)."""
+    monkeypatch.setenv(compile_cache.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(compiled, "_reported", set())
+    monkeypatch.setattr(compiled, "cxx_compiler", lambda: "c++")
+    events = []
+    build_traced_step = traced_step.build_traced_step
+
+    def tracing(*args):
+        events.append("trace")
+        return build_traced_step(*args)
+
+    def failing_compile(spec, tensors, directory):
+        events.append("worker")
+        raise OSError("compiler crashed (test)")
+
+    monkeypatch.setattr(traced_step, "build_traced_step", tracing)
+    monkeypatch.setattr(compile_build, "_compile", failing_compile)
+    for setting, expected in (("auto", ["trace", "worker"]), ("on", ["worker", "trace"])):
+        events.clear()
+        monkeypatch.setattr(compiled, "_reported", set())
+        engine, spec = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: setting})
+        with pytest.warns(compiled.CompileWarning, match="compiler crashed"):  # at the 2nd step under "auto"
+            for step in (1, 2):
+                engine.train_step(_feeds(engine, spec, step))
+        assert events == expected, setting
+        assert engine.train_runner.path == "traced"
+
+
 def test_pooled_intermediates_for_small_graphs_and_a_retry_without_when_the_planner_recurses(monkeypatch, tmp_path):
     """Inductor's memory planner recursed past Python's limit on EfficientNet-B0's step
     (5317 nodes): large graphs are built without pooling, and a graph whose pooled build
