@@ -190,6 +190,40 @@ def test_few_row_products_become_sums():
         torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5 * e.abs().max().item())
 
 
+class _Biased(nn.Module):
+    def forward(self, x, w, b, v, plane):
+        hidden = torch.relu(nn.functional.linear(x, w, b))  # a row of biases: added after the product
+        both = torch.addmm(plane, hidden, v)  # a bias per element: stays an addmm
+        scaled = torch.addmm(b[:3], hidden, v, beta=1.0, alpha=1.0)  # ONNX Gemm's spelled-out defaults
+        halved = torch.addmm(b[:3], hidden, v, beta=0.5)  # a scaled bias: stays
+        return both.square().mean() + scaled.mean() + halved.mean(), hidden
+
+
+def test_bias_rows_are_added_after_the_product():
+    torch.manual_seed(0)
+    module = fx.symbolic_trace(_Biased())
+    x = torch.randn(8, 5)
+    w, b, v, plane = (torch.randn(*s, requires_grad=True) for s in [(6, 5), (6,), (6, 3), (8, 3)])
+    tensors = [x, w, b, v, plane]
+    plain = specialize(module, tensors)
+    unfused = specialize(module, tensors, bias_adds_unfused=True)
+
+    def count(specialized, target) -> int:
+        return sum(node.target is target for node in specialized.module.graph.nodes)
+
+    aten = torch.ops.aten
+    assert (count(plain, aten.addmm.default), count(plain, aten.mm.default)) == (4, 0)
+    assert (count(unfused, aten.addmm.default), count(unfused, aten.mm.default)) == (2, 2)
+    assert count(unfused, aten.sub.Tensor) == 2  # not an add: Inductor would fuse it back (see the pass)
+    results = []
+    for specialized in (plain, unfused):
+        copies = _clones(tensors)
+        loss, hidden = specialized.module(*copies, *specialized.constants)[:2]
+        results.append([loss, hidden] + list(torch.autograd.grad(loss, copies[1:])))
+    for a, e in zip(results[1], results[0]):  # the bias added after the rounded product: rounding apart
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6 * e.abs().max().item())
+
+
 class _ReadsValue(nn.Module):
     def forward(self, x, w):
         return x[: int(w.detach()[0].abs().ceil())] * w

@@ -131,7 +131,9 @@ def build_entry(module: fx.GraphModule, tensors: Sequence[torch.Tensor], key: st
 
     begin = time.perf_counter()
     try:
-        spec = specialize(module, tensors, convolutions_as_products=True, few_row_products_as_sums=True)
+        spec = specialize(
+            module, tensors, convolutions_as_products=True, few_row_products_as_sums=True, bias_adds_unfused=True
+        )
 
         def build(scratch: pathlib.Path) -> Dict:
             meta = _compile(spec, tensors, scratch)

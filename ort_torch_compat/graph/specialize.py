@@ -355,6 +355,36 @@ def _few_row_products_as_sums(graph: fx.Graph) -> None:
         graph.erase_node(node)
 
 
+def _bias_adds_unfused(graph: fx.Graph) -> None:
+    """Replace ``addmm(c, a, b)`` whose ``c`` is one row of biases by ``mm(a, b) - (-c)``.
+    On the CPU Inductor keeps addmm as one library call that first copies the biases,
+    expanded, into the output (an expand and a copy around each GEMM); as a subtraction the
+    bias goes into the fused loop after the product.  Written as a subtraction of the
+    negated bias because Inductor's pattern matcher turns ``mm(a, b) + c`` back into addmm
+    (it unfuses the bias only on GPUs); ``p - (-c)`` is ``p + c`` bit for bit.  The value
+    differs from addmm's by float32 rounding only (the bias is added to the rounded product
+    instead of being accumulated into it).  Measured on the compiled steps of the tiny
+    benchmark models: docs/design.md."""
+    aten = torch.ops.aten
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target is aten.addmm.default]:
+        if any(node.kwargs.get(scale, 1) != 1 for scale in ("beta", "alpha")) or len(node.args) != 3:
+            continue
+        bias, a, b = node.args
+        column, right = getattr(bias, "meta", {}).get("val"), getattr(b, "meta", {}).get("val")
+        if not isinstance(column, torch.Tensor) or not isinstance(right, torch.Tensor):
+            continue
+        if column.dim() != 1 or column.dtype != right.dtype or not column.is_floating_point():
+            continue
+        with graph.inserting_before(node):
+            product = graph.call_function(aten.mm.default, (a, b))
+            product.meta["val"] = node.meta.get("val")
+            negated = graph.call_function(aten.neg.default, (bias,))
+            result = graph.call_function(aten.sub.Tensor, (product, negated))
+        result.meta["val"] = node.meta.get("val")
+        node.replace_all_uses_with(result)
+        graph.erase_node(node)
+
+
 def specialize(
     module: fx.GraphModule,
     example_inputs: Sequence[torch.Tensor],
@@ -362,6 +392,7 @@ def specialize(
     fold_constants: bool = False,
     convolutions_as_products: bool = False,
     few_row_products_as_sums: bool = False,
+    bias_adds_unfused: bool = False,
     hand_derived_backwards: bool = False,
 ) -> SpecializedGraph:
     """Trace `module(*example_inputs)` into a functional aten graph for exactly these shapes.
@@ -376,6 +407,8 @@ def specialize(
     products (`_tiling_convolutions_as_products`; for the CPU compiler).
     `few_row_products_as_sums`: matrix products of a few rows become sums of elementwise
     products (`_few_row_products_as_sums`; for the CPU compiler).
+    `bias_adds_unfused`: a product plus a row of biases becomes a product, then an add
+    (`_bias_adds_unfused`; for the CPU compiler).
     `hand_derived_backwards`: LSTMs and RMSNorms as operators with hand-derived backwards
     (graph/traced_operators.py; for the traced step: the compiler fuses the converters' calls)."""
     from torch.func import functionalize
@@ -407,6 +440,8 @@ def specialize(
         _tiling_convolutions_as_products(graph)
     if few_row_products_as_sums:
         _few_row_products_as_sums(graph)
+    if bias_adds_unfused:
+        _bias_adds_unfused(graph)
 
     # functionalize writes input updates back as trailing copy_(input, new_value): make them outputs.
     output = next(node for node in reversed(graph.nodes) if node.op == "output")
