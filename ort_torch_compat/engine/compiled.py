@@ -13,9 +13,10 @@ When (session options config entry "ort_torch_compat.compile" or ORT_TORCH_COMPA
 steps run traced, see below); "on" (compile at the first train step, which waits for it);
 "auto", the default: use a cached compilation from the first step on, otherwise start
 compiling at the first step (once its traced step is built) in a background process
-(compile_worker.py) while the steps run traced, and switch to the compiled step between two steps once it is ready, checked
-and faster (the worker times it on one thread; where it was not faster there and the
-machine has more cores, both forms are timed in the training loop first: `_trial_step`).
+(compile_worker.py) while the steps run traced, and switch to the compiled step between
+two steps once it is ready, checked and faster (the worker times it on one thread; where
+it was not faster there and the machine has more cores, both forms are timed in the
+training loop first: `_trial_step`).
 Ahead of time, `precompile.py` (`ort-torch-compat compile`) fills the cache.
 Only CPU training steps are compiled, for the first batch's shapes; CUDA steps are
 replayed as CUDA graphs instead (cuda_graphs.py), and eval steps run eagerly.

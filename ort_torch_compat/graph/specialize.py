@@ -407,8 +407,8 @@ def specialize(
     products (`_tiling_convolutions_as_products`; for the CPU compiler).
     `few_row_products_as_sums`: matrix products of a few rows become sums of elementwise
     products (`_few_row_products_as_sums`; for the CPU compiler).
-    `bias_adds_unfused`: a product plus a row of biases becomes a product, then an add
-    (`_bias_adds_unfused`; for the CPU compiler).
+    `bias_adds_unfused`: a product plus a row of biases becomes a product, then the biases
+    added (as the subtraction of their negation: `_bias_adds_unfused`; for the CPU compiler).
     `hand_derived_backwards`: LSTMs and RMSNorms as operators with hand-derived backwards
     (graph/traced_operators.py; for the traced step: the compiler fuses the converters' calls)."""
     from torch.func import functionalize
