@@ -182,7 +182,7 @@ class TrainStepRunner:
         if self._state == "trial":
             return self._trial_step(feeds, tensors, fixed)
         if self._state == "first":
-            if not self._first(tensors):  # no cache entry: compile
+            if self._first(tensors):  # no cache entry: compile
                 if self.setting == "auto":
                     # The traced step first, then the worker: started together, they shared
                     # the cores through the trace (LSTM-tiny's first step 3.0-4.5 s, 2.1 s alone).
@@ -289,24 +289,22 @@ class TrainStepRunner:
             _report(self.label, "the compiled step refused inputs the eager step accepted")
 
     def _first(self, tensors: Sequence[torch.Tensor]) -> bool:
-        """At the first step: load the cached entry, or report why none is used; False where
-        the step is to be compiled (no entry yet): the caller starts the worker."""
+        """At the first step: load the cached entry, or report why none is used.  True where
+        there is no entry yet, so the step is to be compiled: the caller starts the worker."""
         self._state = "eager"
         try:
             self._key = compile_key.graph_key(self.module, tensors)
         except Exception as error:  # noqa: BLE001  (anything here only means: no compiled step)
             _report(self.label, f"cannot key the compile cache ({type(error).__name__}: {error})")
-            return True
-        entry = self._open_entry()
-        if entry is False:
-            return True
-        if entry is not None and "refused" in entry.meta:
-            _report(self.label, str(entry.meta["refused"]))
-        elif entry is not None:
-            self._load(entry.directory, entry.meta)
-        else:
             return False
-        return True
+        entry = self._open_entry()
+        if entry is None:
+            return True
+        if entry is not False and "refused" in entry.meta:
+            _report(self.label, str(entry.meta["refused"]))
+        elif entry is not False:
+            self._load(entry.directory, entry.meta)
+        return False
 
     def _open_entry(self):
         """The verified cache entry of this key, None where there is none (or an untrusted one
