@@ -198,6 +198,23 @@ def test_failed_capture_runs_eagerly_and_says_so_once(tmp_path, caplog):
     assert "operation not permitted when stream is capturing" in messages[0]
 
 
+def test_refusal_reasons_name_the_code_that_failed():
+    # A refusal names the innermost frame of the library's (or onnx2torch's) code, so the log
+    # of a step that runs eagerly points at the converter to fix; an error raised elsewhere
+    # gives the message alone.
+    from ort_torch_compat.engine.device import parse_device
+
+    with pytest.raises(Exception) as raised:
+        parse_device("tpu:0")
+    reason = cuda_graphs.refusal_reason("not specialized", raised.value)
+    assert reason.startswith("not specialized (InvalidArgumentError: Unsupported device type: tpu.")
+    assert reason.endswith(" in parse_device") and " at ort_torch_compat/engine/device.py:" in reason
+    try:
+        raise RuntimeError("first line\nsecond line")
+    except RuntimeError as error:
+        assert cuda_graphs.refusal_reason("capture failed", error) == "capture failed (RuntimeError: first line)"
+
+
 def test_outputs_are_copies_and_gradients_persistent():
     """A returned loss keeps its value after later replays; `.grad` is the same flat
     gradient view across replays (what the optimizer graph reads)."""

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import os
+import traceback
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -51,6 +52,23 @@ _FALSE = ("0", "false", "no", "off")
 
 log = logging.getLogger("ort_torch_compat.cuda_graphs")
 _reported: set = set()
+
+
+def refusal_reason(what: str, error: BaseException) -> str:
+    """`what (ErrorType: first line of the message) at file:line in function`, the place being
+    the innermost frame of the library's or onnx2torch's code (the converter that failed)."""
+    frames = [
+        f
+        for f in traceback.extract_tb(error.__traceback__)
+        if "ort_torch_compat" in f.filename or "onnx2torch" in f.filename
+    ]
+    where = ""
+    if frames:
+        frame = frames[-1]
+        parts = frame.filename.replace("\\", "/").split("/")
+        package = max(i for i, part in enumerate(parts) if part in ("ort_torch_compat", "onnx2torch"))
+        where = f" at {'/'.join(parts[package:])}:{frame.lineno} in {frame.name}"
+    return f"{what} ({type(error).__name__}: {(str(error).splitlines() or [''])[0]}){where}"
 
 
 def report_once(label: str, reason: str) -> None:
@@ -260,7 +278,7 @@ class TrainStepGraphs:
         try:
             spec = specialize(self.module, tensors, allow_random=True, fold_constants=True)
         except Exception as error:  # noqa: BLE001  (the module itself then; capture may still hold)
-            reason = f"not specialized ({type(error).__name__}: {(str(error).splitlines() or [''])[0]})"
+            reason = refusal_reason("not specialized", error)
             self.refusals.append(reason)
             log.info("%s: %s; capturing the module as it runs", self.label, reason)
             return self.function
@@ -281,7 +299,7 @@ class TrainStepGraphs:
             entry.results[accumulate] = recorder.capture(lambda: self._body(entry, accumulate))
         except Exception as error:  # noqa: BLE001  (what a stream cannot record: run eagerly)
             self._signatures[key] = None
-            reason = f"capture failed ({type(error).__name__}: {(str(error).splitlines() or [''])[0]})"
+            reason = refusal_reason("capture failed", error)
             self.refusals.append(reason)
             report_once(self.label, reason)
             return False
