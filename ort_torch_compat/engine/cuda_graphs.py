@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import logging
 import os
+import pathlib
+import sys
 import traceback
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -57,17 +59,18 @@ _reported: set = set()
 def refusal_reason(what: str, error: BaseException) -> str:
     """`what (ErrorType: first line of the message) at file:line in function`, the place being
     the innermost frame of the library's or onnx2torch's code (the converter that failed)."""
-    frames = [
-        f
-        for f in traceback.extract_tb(error.__traceback__)
-        if "ort_torch_compat" in f.filename or "onnx2torch" in f.filename
-    ]
+    roots = [pathlib.Path(__file__).resolve().parents[1]]  # this package
+    onnx2torch = sys.modules.get("onnx2torch")
+    if onnx2torch is not None and getattr(onnx2torch, "__file__", None):
+        roots.append(pathlib.Path(onnx2torch.__file__).resolve().parent)
     where = ""
-    if frames:
-        frame = frames[-1]
-        parts = frame.filename.replace("\\", "/").split("/")
-        package = max(i for i, part in enumerate(parts) if part in ("ort_torch_compat", "onnx2torch"))
-        where = f" at {'/'.join(parts[package:])}:{frame.lineno} in {frame.name}"
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = pathlib.Path(frame.filename).resolve()
+        root = next((r for r in roots if r == path or r in path.parents), None)
+        if root is not None:
+            relative = path.relative_to(root.parent).as_posix()
+            where = f" at {relative}:{frame.lineno} in {frame.name}"
+            break
     return f"{what} ({type(error).__name__}: {(str(error).splitlines() or [''])[0]}){where}"
 
 
