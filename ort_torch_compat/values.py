@@ -90,10 +90,10 @@ def to_tensor(value: Any, what: str) -> StepInput:
     if isinstance(value, OrtValue):
         return value.to_torch()
     if isinstance(value, np.ndarray):
-        return tensor_from_array(value, what)
+        return tensor_from_array(value)
     numpy_method = getattr(value, "numpy", None)
     if callable(numpy_method):  # onnxruntime's own OrtValue (or C.OrtValue)
-        return tensor_from_array(np.array(numpy_method()), what)
+        return tensor_from_array(np.array(numpy_method()))
     raise InvalidInputError(f"{what}: expected a numpy array, OrtValue or torch tensor, got {type(value).__name__}")
 
 
@@ -116,6 +116,8 @@ def to_tensors(values: Sequence[Any]) -> Tuple[List[StepInput], str]:
     "onnxruntime" for onnxruntime's own OrtValues, so `isinstance(out, onnxruntime.OrtValue)`
     holds where it is installed, or "ortvalue" for ours)."""
     present = [v for v in values if v is not None]
+    if present and all(type(v) is np.ndarray for v in present):  # ORT's usual feeds: the short way
+        return [tensor_from_array(v) for v in present], "numpy"
     if any(isinstance(v, np.ndarray) for v in present):
         kind = "numpy"
     elif present and all(isinstance(v, torch.Tensor) for v in present):
@@ -134,8 +136,8 @@ def values_as(tensors: Sequence[torch.Tensor], kind: str) -> list:
     tensor's memory (`ortvalue_from_numpy`) would leave `module(...).numpy()` pointing at
     freed memory once the temporary OrtValue is gone, since ORT's `numpy()` is a view.
     """
-    if kind == "numpy":
-        return [t.detach().cpu().numpy() for t in tensors]
+    if kind == "numpy":  # host tensors without autograd (a step's outputs) are viewed directly
+        return [t.numpy() if t.is_cpu and not t.requires_grad else t.detach().cpu().numpy() for t in tensors]
     if kind == "torch":
         return list(tensors)
     if kind == "onnxruntime":

@@ -134,7 +134,7 @@ def names(specs: Sequence[ValueSpec]) -> List[str]:
 
 
 # ---- numpy arrays and batch dimensions (issue 17) ---------------------------------------------
-def tensor_from_array(array: np.ndarray, what: str) -> StepInput:
+def tensor_from_array(array: np.ndarray) -> StepInput:
     """A tensor of a numpy input, sharing its memory where possible.
 
     Big-endian arrays are converted to native order (ORT 1.19.2 reads their bytes as if

@@ -94,7 +94,7 @@ def precompile(
         else:  # a string input
             dtype = np.dtype(object)
         example = _example(shapes[spec.name], dtype)
-        inputs.append(example if dtype.kind == "O" else tensor_from_array(example, spec.name))
+        inputs.append(example if dtype.kind == "O" else tensor_from_array(example))
     tensors = engine.train_tensors(inputs)
     key = compile_key.graph_key(engine.train_module, tensors)
     root = cache_root()
