@@ -300,9 +300,11 @@ class TrainStepRunner:
         entry = self._open_entry()
         if entry is None:
             return True
-        if entry is not False and "refused" in entry.meta:
+        if entry is False:
+            return False
+        if "refused" in entry.meta:
             _report(self.label, str(entry.meta["refused"]))
-        elif entry is not False:
+        else:
             self._load(entry.directory, entry.meta)
         return False
 
