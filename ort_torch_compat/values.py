@@ -118,6 +118,8 @@ def to_tensors(values: Sequence[Any]) -> Tuple[List[StepInput], str]:
     present = [v for v in values if v is not None]
     if present and all(type(v) is np.ndarray for v in present):  # ORT's usual feeds: the short way
         return [tensor_from_array(v) for v in present], "numpy"
+    if present and all(type(v) is torch.Tensor for v in present):  # and torch's: taken as they are
+        return present, "torch"
     if any(isinstance(v, np.ndarray) for v in present):
         kind = "numpy"
     elif present and all(isinstance(v, torch.Tensor) for v in present):

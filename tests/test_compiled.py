@@ -319,6 +319,15 @@ def test_a_step_not_faster_on_one_thread_is_timed_in_the_training_loop(monkeypat
         return step
 
     monkeypatch.setattr(runner, "compiled_for", recording)
+    settled = engine._settled_train_step
+
+    def recording_short_way(inputs):  # the steps after the choice skip `compiled_for` (see below)
+        outputs = settled(inputs)
+        if outputs is not None:
+            paths.append("compiled")
+        return outputs
+
+    monkeypatch.setattr(engine, "_settled_train_step", recording_short_way)
     expected, actual = (
         train_record(eager, lambda s: _feeds(eager, spec, s), 13, buffers=True),
         train_record(engine, lambda s: _feeds(engine, spec, s), 13, buffers=True),
@@ -356,6 +365,59 @@ def test_compiled_step_takes_non_contiguous_feeds(monkeypatch):
         assert torch.equal(a, e)
     for name in grads:
         assert torch.equal(grads[name], expected_grads[name])
+
+
+@pytest.mark.skipif(compiled.cxx_compiler() is None, reason="needs a C++ compiler")
+def test_a_settled_training_loop_takes_the_short_way_with_the_full_ways_numbers(monkeypatch):
+    """Once the runner has settled on its compiled step, train steps with inputs of the same
+    type, dtype, shape and device skip the input checks and runner lookups (the short way,
+    training_engine.py `_settled_train_step`); everything else takes the full way.  Every
+    step gives the eager step's numbers: strided feeds of the settled shape (made contiguous
+    in the library's argument list), steps that accumulate, feeds of another type in
+    between, and the steps after the runner stopped trusting its compiled step."""
+    monkeypatch.setenv(compile_cache.CACHE_ENV, str(TEST_CACHE))
+    monkeypatch.setattr(compiled, "_FASTER", float("inf"))
+    config = "cnn_ce_adamw_op17"
+    eager, spec = _engine(config, **{compiled.CONFIG_KEY: "eager"})
+    engine, _ = _engine(config, **{compiled.CONFIG_KEY: "on"})
+    short = []
+    original = engine._settled_train_step
+
+    def recording(inputs):
+        outputs = original(inputs)
+        short.append(outputs is not None)
+        return outputs
+
+    monkeypatch.setattr(engine, "_settled_train_step", recording)
+
+    def strided(feeds):
+        return [f.transpose(-1, -2).contiguous().transpose(-1, -2) if f.dim() >= 2 else f for f in feeds]
+
+    class Feed(torch.Tensor):  # a tensor of another type: another signature
+        pass
+
+    def other_type(feeds):
+        return [f.as_subclass(Feed) for f in feeds]
+
+    batches = [None, None, strided, None, other_type, None, None, None]
+    records = []
+    for engine_ in (eager, engine):
+        record = []
+        for step, change in enumerate(batches, start=1):
+            if step == 8 and engine_ is engine:  # the runner no longer trusts its compiled step: the full way
+                engine.train_runner.disagreed(engine.train_runner.compiled)
+            feeds = _feeds(engine_, spec, step)
+            outputs = engine_.train_step(change(feeds) if change else feeds)
+            if step != 3:  # step 4 adds to step 3's gradients
+                engine_.lazy_reset_grad()
+            record.append([o.clone() for o in outputs] + [g.clone() for g in engine_.gradients().values()])
+        records.append(record)
+    for step_expected, step_actual in zip(*records):
+        for e, a in zip(step_expected, step_actual):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+    # step 1 settles the loop (no short way yet); 5's feeds of another type and 8 take the full way
+    assert short == [True, True, True, False, True, True, False], short
+    assert engine._settled is None and engine.train_runner.path != "compiled"
 
 
 @pytest.mark.skipif(compiled.cxx_compiler() is None, reason="needs a C++ compiler")

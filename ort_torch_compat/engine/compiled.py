@@ -167,6 +167,11 @@ class TrainStepRunner:
             return "compiled"
         return "traced" if any(self._traced.values()) else "eager"
 
+    def settled_step(self) -> Optional[compiled_step.CompiledTrainStep]:
+        """The compiled step once the runner has settled on it (state "compiled": it runs every
+        step of the first signature until `disagreed`), else None."""
+        return self.compiled if self._state == "compiled" else None
+
     def compiled_for(self, tensors: Sequence[torch.Tensor], fixed: int = 0) -> Optional[compiled_step.FlatGradientStep]:
         """The compiled or traced step that runs the train step on `tensors`, or None where
         it runs eagerly; moves the setting's state on (first step, worker done, libraries
