@@ -454,6 +454,7 @@ def test_a_traced_step_that_fails_where_eager_does_not_is_retired(always_faster,
     engine = _engine(directory, "off")
     engine.train_step(_feeds(engine, spec, 1))
     step = next(iter(engine.train_runner._traced.values()))
+    assert engine._settled[1] is step  # the next steps of this signature take the short way
     good = step.function
 
     def broken(*inputs):
@@ -465,6 +466,8 @@ def test_a_traced_step_that_fails_where_eager_does_not_is_retired(always_faster,
     assert "interpreter failure" in caplog.text
     step.function = good
     assert engine.train_runner.path == "eager" and list(engine.train_runner._traced.values()) == [None]
+    engine.train_step(_feeds(engine, spec, 3))  # the retired step is not run again, not even the short way
+    assert engine._settled is None and step.function is good
 
 
 def test_eager_setting_traces_nothing(monkeypatch):

@@ -167,10 +167,11 @@ class TrainStepRunner:
             return "compiled"
         return "traced" if any(self._traced.values()) else "eager"
 
-    def settled_step(self) -> Optional[compiled_step.CompiledTrainStep]:
-        """The compiled step once the runner has settled on it (state "compiled": it runs every
-        step of the first signature until `disagreed`), else None."""
-        return self.compiled if self._state == "compiled" else None
+    def is_settled(self, step: compiled_step.FlatGradientStep) -> bool:
+        """Whether `step` is the compiled or a traced step of a runner whose state no longer
+        moves on by itself (compiled, or eager: no worker, no trial), so it runs every step of
+        the signature it was chosen for until `disagreed` retires it."""
+        return self._state in ("compiled", "eager") and (step is self.compiled or step in self._traced.values())
 
     def compiled_for(self, tensors: Sequence[torch.Tensor], fixed: int = 0) -> Optional[compiled_step.FlatGradientStep]:
         """The compiled or traced step that runs the train step on `tensors`, or None where
