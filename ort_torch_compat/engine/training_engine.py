@@ -251,10 +251,13 @@ class TrainingEngine:
         """After `compiled` (a compiled or traced step) ran a full train step on `inputs`: where
         the runner has settled on it and the feeds are plain tensors (no string inputs), later
         steps with inputs of the same signature take `_settled_train_step`."""
-        if self._settled is None and self.train_runner.is_settled(compiled) and not self.train_strings:
-            signature = _settled_signature(inputs)
-            if signature is not None:
-                self._settled = (signature, compiled, groups)
+        if (
+            self._settled is None
+            and self.train_runner.is_settled(compiled)
+            and not self.train_strings
+            and all(isinstance(t, torch.Tensor) for t in inputs)  # (the signature then holds only tensors' types)
+        ):
+            self._settled = (_settled_signature(inputs), compiled, groups)
 
     def _settled_train_step(self, inputs: Sequence[StepInput]) -> Optional[List[torch.Tensor]]:
         """The train step's short way through a training loop's steady state: inputs of the
@@ -400,7 +403,7 @@ class TrainingEngine:
 
 def _settled_signature(inputs: Sequence[StepInput]) -> Optional[tuple]:
     """What `_settled_train_step` compares: each input's type, dtype, shape and device; None
-    where an input is not a tensor (a string array)."""
+    where an input has none of these (no tensor)."""
     try:
         return tuple([(type(t), t.dtype, t.shape, t.device) for t in inputs])
     except AttributeError:
