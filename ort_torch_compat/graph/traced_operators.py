@@ -9,7 +9,7 @@ backward of the converters' aten calls takes more calls than the derivative need
 - LSTM (hidden 32, batch 2): autograd's backward of the time loop
   (graph/converters/recurrent.py) takes ~14 calls a time step: each gate's activation
   differentiated on its own, the four gate gradients concatenated, a recurrent-weight
-  gradient product made and accumulated.  Here the recurrence takes six (`_lstm_backward`):
+  gradient product made and accumulated.  Here the recurrence takes five (`_lstm_backward`):
   what does not depend on it (the activations' derivatives times what they multiply) is
   computed for all time steps at once, the recurrent weight's gradient is one product over
   all steps, and the forward's product and bias add are one `addmm`: LSTM-tiny's traced
@@ -131,11 +131,12 @@ def _lstm_setup_context(ctx, inputs, output) -> None:
 
 
 def _lstm_backward(ctx, dy, dh_n, dc_n, *_unused) -> Tuple[Optional[torch.Tensor], ...]:
-    """The time steps' recurrence takes six calls a step; what does not depend on it is
+    """The time steps' recurrence takes five calls a step; what does not depend on it is
     computed for all steps at once.  With dh the gradient of a step's state and dc of its
     cell: dc += dh * o * (1 - tanh(c)^2); the gates' gradient is [dc, dh, dc, dc] times
     [cand * i(1 - i), tanh(c) * o(1 - o), c_prev * f(1 - f), i * (1 - cand^2)]; then
-    dc *= f and dh = gates' gradient @ r for the step before."""
+    dc *= f and dh = gates' gradient @ r plus the output's gradient for the step before (one
+    addmm)."""
     h0, c0, r, y, cells, sigs, cands, tcs = ctx.saved_tensors
     seq, hidden = y.shape[0], h0.shape[-1]
     i, o, f = sigs.split(hidden, dim=2)
@@ -149,19 +150,24 @@ def _lstm_backward(ctx, dy, dh_n, dc_n, *_unused) -> Tuple[Optional[torch.Tensor
         ],
         2,
     )
-    dh = dh_n if dh_n is not None else torch.zeros_like(h0)
     dc = dc_n if dc_n is not None else torch.zeros_like(c0)
     dys = dy.unbind(0) if dy is not None else None
+    order = list(reversed(_order(seq, ctx.reverse)))
+    if dys is None:
+        dh = dh_n if dh_n is not None else torch.zeros_like(h0)
+    else:
+        dh = dys[order[0]] if dh_n is None else dh_n + dys[order[0]]
     tanh_steps, coefficient_steps, f_steps = through_tanh.unbind(0), coefficients.unbind(0), f.unbind(0)
-    dgs: List[torch.Tensor] = [dh] * seq
-    for k in reversed(_order(seq, ctx.reverse)):
-        if dys is not None:
-            dh = dh + dys[k]
+    dgs: List[torch.Tensor] = [dc] * seq
+    for position, k in enumerate(order):
         dc = torch.addcmul(dc, dh, tanh_steps[k])
         dg = torch.cat([dc, dh, dc, dc], 1) * coefficient_steps[k]
         dgs[k] = dg
         dc = dc * f_steps[k]
-        dh = dg.mm(r)
+        if dys is not None and position + 1 < seq:  # the step before's output gradient added by the product
+            dh = torch.addmm(dys[order[position + 1]], dg, r)
+        else:
+            dh = dg.mm(r)
     d_proj = torch.stack(dgs, 0)
     dr = d_proj.reshape(-1, 4 * hidden).t().mm(_starts(y, h0, ctx.reverse).reshape(-1, hidden))
     return d_proj, dh, dc, dr, None
