@@ -412,6 +412,34 @@ def _single(op: str, feeds: Dict[str, np.ndarray], attrs, out_types, opset: int 
     return _model([node], inputs, [_vi(f"y{i}", None, t) for i, t in enumerate(out_types)], inits, opset)
 
 
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_concat_training_of_one_input(with_lengths):
+    """ORT's exports of a cache-less attention concatenate one tensor (Llama's keys and values):
+    the converter passes it on uncopied; the values, the lengths output and the gradient are
+    a Concat's.  Against ORT's kernel where this onnxruntime has it (training builds)."""
+    feeds = {"x": RNG.standard_normal((2, 3, 4)).astype(np.float32)}
+    model = _single("ConcatTraining", feeds, {"axis": -2}, [T.FLOAT, T.INT64][: 1 + with_lengths])
+    ours = _ours(model, feeds)
+    np.testing.assert_array_equal(ours[0].numpy(), feeds["x"])
+    if with_lengths:
+        np.testing.assert_array_equal(ours[1].numpy(), np.array([3], np.int64))
+    try:
+        expected = _ort_run(model, feeds)
+    except Exception as error:  # noqa: BLE001  (plain onnxruntime: no ConcatTraining kernel)
+        assert "ConcatTraining" in str(error)
+    else:
+        for a, e in zip(ours, expected):
+            _close(a, e)
+    module, _ = _module(model)
+    x = torch.from_numpy(feeds["x"]).requires_grad_(True)
+    out = module(x)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    assert out.data_ptr() == x.data_ptr()  # not copied
+    weight = torch.randn(out.shape)
+    (out * weight).sum().backward()
+    assert torch.equal(x.grad, weight)
+
+
 @pytest.mark.parametrize("dtype,out", [(np.float32, T.FLOAT), (np.float16, T.FLOAT), (np.float16, T.FLOAT16)])
 def test_reduce_all_l2(dtype, out):
     feeds = {"a": RNG.standard_normal((2, 3)).astype(dtype), "b": RNG.standard_normal(5).astype(dtype)}

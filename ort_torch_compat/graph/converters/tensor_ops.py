@@ -41,7 +41,8 @@ class Concat(OnnxModule):
         self.axis, self.with_lengths = axis, with_lengths
 
     def forward(self, *tensors: torch.Tensor):
-        out = torch.cat(tensors, dim=self.axis)
+        # one input (ORT's exports of a cache-less attention): the input itself, not a copy
+        out = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=self.axis)
         if self.with_lengths:
             return out, torch.tensor([t.shape[self.axis] for t in tensors], dtype=torch.int64, device=out.device)
         return out
@@ -50,6 +51,27 @@ class Concat(OnnxModule):
 @register("ConcatTraining", 1, domain="com.microsoft")
 def _concat_training(node: OnnxNode, graph: OnnxGraph):
     return result(Concat(node.attributes["axis"], len(node.output_values) > 1), node)
+
+
+class Expand(OnnxModule):
+    """ONNX Expand: `x` broadcast with `shape` (either may have the larger size along an
+    axis).  onnx2torch multiplies by a tensor of ones, which costs a fill and a product
+    forward and a product backward; here a broadcast view made contiguous (one copy, none
+    where the shape changes nothing), whose backward is one sum.  Same values, any dtype."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape = shape
+
+    def forward(self, x: torch.Tensor, shape: torch.Tensor = None) -> torch.Tensor:
+        target = torch.broadcast_shapes(x.shape, tuple(self.shape if shape is None else shape.tolist()))
+        return x.expand(target).contiguous()
+
+
+@register("Expand", 8)
+def _expand(node: OnnxNode, graph: OnnxGraph):
+    values, inputs = constants_or_fed(node, graph, [1])
+    return result(Expand(values[0]), node, inputs)
 
 
 class FusedMatMul(OnnxModule):
