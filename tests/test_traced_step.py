@@ -325,6 +325,31 @@ def test_redundant_views_are_dropped_and_nothing_else_changes():
         assert torch.equal(a, e)
 
 
+def test_float_sums_run_as_subtractions_with_bitwise_the_same_values():
+    """sums_on_out_variants: the sum of two floating-point tensors becomes `sub` with alpha -1
+    (Static Runtime's out variant); integer and bool sums, sums with a number and sums with
+    an alpha stay; every value is bitwise the same, on the interpreter and Static Runtime."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def function(x, y, i, b):
+        return x + y, torch.add(x, y, alpha=2.0), x + 1.5, i + i, b + b, (x * y + y).sum()
+
+    inputs = (torch.randn(4, 6), torch.randn(6), torch.arange(6), torch.rand(6) > 0.5)
+    graph = make_fx(function)(*inputs)
+    expected = graph(*inputs)
+    assert traced_step.sums_on_out_variants(graph) == 2
+    calls = [(str(n.target), dict(n.kwargs)) for n in graph.graph.nodes if n.op == "call_function"]
+    assert calls.count(("aten.sub.Tensor", {"alpha": -1})) == 2
+    assert [c for c, _ in calls].count("aten.add.Tensor") == 4  # alpha 2, the number, int, bool
+    scripted = traced_step._script(graph)
+    runs = [graph(*inputs), scripted(*inputs)]
+    if hasattr(torch._C, "_jit_to_static_module"):
+        runs.append(torch._C._jit_to_static_module(scripted._c)(*inputs))
+    for run in runs:
+        for a, e in zip(run, expected):
+            assert a.dtype == e.dtype and torch.equal(a, e)
+
+
 @pytest.mark.parametrize("budget_s, rounds_run", [(60.0, 3), (0.0, 1)])
 def test_step_timing_warms_each_step_and_keeps_the_least(budget_s, rounds_run, monkeypatch):
     """time_steps: each timed run right after an untimed one of the same step, the least
