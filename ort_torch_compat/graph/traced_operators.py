@@ -13,8 +13,10 @@ backward of the converters' aten calls takes more calls than the derivative need
   what does not depend on it (the activations' derivatives times what they multiply) is
   computed for all time steps at once, the recurrent weight's gradient is one product over
   all steps, and the forward's product and bias add are one `addmm`: LSTM-tiny's traced
-  step makes 164 calls besides views (265 before) and 292 in all (452); its Static Runtime
-  run takes 0.23-0.25 ms instead of 0.33.  Same equations as ONNX's LSTM (default
+  step made 164 calls besides views (265 before) and 292 in all (452) when the recurrence
+  took six (a separate `add` of the output's gradient); its Static Runtime run took
+  0.23-0.25 ms instead of 0.33 then (0.19 ms after later changes; five calls instead of six
+  saved 1-2 us of it).  Same equations as ONNX's LSTM (default
   activations; no clip, peepholes, input_forget or sequence_lens).
 - RMSNorm: autograd differentiates pow, mean, add, rsqrt and two products one by one (17
   calls); here dx = inv_std * (g - xn * mean(g * xn)) with g = dy * scale, and the scale's
