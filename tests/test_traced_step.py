@@ -269,6 +269,32 @@ def test_onednn_is_back_on_after_a_step_that_raised(monkeypatch):
     assert seen and not any(seen) and torch._C._get_mkldnn_enabled()
 
 
+def test_traced_runs_without_grad_and_restores_the_callers_mode(monkeypatch):
+    """The traced step runs with autograd off (its parameters require grad) and gives the
+    caller's grad mode back, on or off, also after a run that raised."""
+    monkeypatch.setattr(traced_step, "time_steps", _times(1.0, 0.5))
+    script, seen = traced_step._script, []
+
+    def spied(graph):
+        function = script(graph)
+        return lambda *inputs: seen.append(torch.is_grad_enabled()) or function(*inputs)
+
+    monkeypatch.setattr(traced_step, "_script", spied)
+    directory = FIXTURES / "cnn_ce_adamw_op17"
+    spec = load_spec(directory)
+    engine = _engine(directory, "off")
+    engine.train_step(_feeds(engine, spec, 1))
+    assert engine.train_runner.path == "traced" and torch.is_grad_enabled()
+    for enabled in (False, True):
+        del seen[:]
+        with torch.set_grad_enabled(enabled):
+            engine.train_step(_feeds(engine, spec, 2))
+            assert torch.is_grad_enabled() is enabled
+            assert_bad_labels_change_nothing(engine, lambda: _feeds(engine, spec, 3))
+            assert torch.is_grad_enabled() is enabled
+        assert len(seen) >= 2 and not any(seen)
+
+
 @pytest.mark.parametrize("config", ["frozen_ce_adamw_op17", "gru_ce_adamw_op17"])
 def test_one_way_timed_without_onednn_or_its_operators(config, monkeypatch):
     """A user who switched oneDNN off keeps it off; a graph without the operators ATen sends
