@@ -353,12 +353,12 @@ def test_redundant_views_are_dropped_and_nothing_else_changes():
 
 def test_float_sums_run_as_subtractions_with_bitwise_the_same_values():
     """sums_on_out_variants: the sum of two floating-point tensors becomes `sub` with alpha -1
-    (Static Runtime's out variant); integer and bool sums, sums with a number and sums with
-    an alpha stay; every value is bitwise the same, on the interpreter and Static Runtime."""
+    (Static Runtime's out variant); integer and bool sums, a bool plus a float tensor (ATen's
+    sub refuses bools), sums with a number and sums with an alpha stay; every value is bitwise the same, on the interpreter and Static Runtime."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def function(x, y, i, b):
-        return x + y, torch.add(x, y, alpha=2.0), x + 1.5, i + i, b + b, (x * y + y).sum()
+        return x + y, torch.add(x, y, alpha=2.0), x + 1.5, i + i, b + b, (x * y + y).sum(), b + y
 
     inputs = (torch.randn(4, 6), torch.randn(6), torch.arange(6), torch.rand(6) > 0.5)
     graph = make_fx(function)(*inputs)
@@ -366,7 +366,7 @@ def test_float_sums_run_as_subtractions_with_bitwise_the_same_values():
     assert traced_step.sums_on_out_variants(graph) == 2
     calls = [(str(n.target), dict(n.kwargs)) for n in graph.graph.nodes if n.op == "call_function"]
     assert calls.count(("aten.sub.Tensor", {"alpha": -1})) == 2
-    assert [c for c, _ in calls].count("aten.add.Tensor") == 4  # alpha 2, the number, int, bool
+    assert [c for c, _ in calls].count("aten.add.Tensor") == 5  # alpha 2, the number, int, bool, bool + float
     scripted = traced_step._script(graph)
     runs = [graph(*inputs), scripted(*inputs)]
     if hasattr(torch._C, "_jit_to_static_module"):
