@@ -34,8 +34,10 @@ warm start, as every run after the first one is.
 First seconds (`--fresh-seconds S`, ORT and ours only): per round, a fresh process per
 backend runs the training loop with default settings and an empty compile cache until S
 seconds after the process was started (interpreter start, imports and setup counted);
-reported: steps completed, the median and the longest step after the first, and for ours
-the step at which the compiled step took over (the compiler runs in the background).
+reported: steps completed, the median and the longest step after the first, the steps over
+twice that median, and for ours the step at which the compiled step took over (the compiler
+runs in the background), the median step before it (traced steps) and the steps over twice
+the median from it on (where a stall of the loop would show).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ import subprocess
 import sys
 import time
 
-from ort_torch_compat.testing.benchmark_report import conditions, fresh_table, table
+from ort_torch_compat.testing.benchmark_report import conditions, fresh_table, table, window_statistics
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BACKENDS = ("ort", "ours", "eager")
@@ -350,19 +352,7 @@ def measure_window(backend: str, directory: pathlib.Path, started: float, second
             switch = len(times)
         if time.time() >= deadline:
             break
-    later = sorted(times[1:]) or [0.0]
-    median = later[len(later) // 2]
-    longest = max(range(1, len(times)), key=times.__getitem__, default=0)
-    return {
-        "steps": len(times),
-        "ready_s": first_at,
-        "median_ms": 1000 * median,
-        "max_ms": 1000 * later[-1],
-        "max_step": longest + 1,  # 1-based, as switch_step
-        "switch_step": switch,
-        "switch_ms": None if switch is None else 1000 * times[switch - 1],
-        "over_2x_median": sum(t > 2 * median for t in times[1:]),
-    }
+    return {"ready_s": first_at, **window_statistics(times, switch)}
 
 
 def _peak_rss_mb() -> float:

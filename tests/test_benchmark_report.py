@@ -40,3 +40,32 @@ def test_table_says_how_steps_ran_where_not_compiled():
     lines = benchmark_report.table(report, markdown=True).splitlines()
     assert lines[3].startswith("| 0 | lora | ours | 0.10 |")
     assert lines[4].startswith("| 0 | lora | ours-off [static, traced] | 0.40 | 0.20 | 2.00 |")
+
+
+def test_window_statistics_tell_the_traced_phase_from_a_stall():
+    """Steps before the switch (traced, while the compiler works) get their own median; the
+    steps over twice the run's median are also counted from the switch on, where a stall of
+    the loop would show."""
+    times = [0.5] + [0.0022] * 3 + [0.004] + [0.001] * 10 + [0.0031] + [0.001] * 4
+    stats = benchmark_report.window_statistics(times, switch=5)
+    assert stats["steps"] == 20 and stats["switch_step"] == 5
+    assert stats["median_ms"] == 1.0 and stats["switch_ms"] == 4.0
+    assert stats["before_switch_median_ms"] == 2.2
+    assert stats["over_2x_median"] == 5  # three traced steps, the switch, the stall
+    assert stats["over_2x_median_from_switch"] == 2  # the switch and the stall
+    assert stats["max_ms"] == 4.0 and stats["max_step"] == 5  # the first step is not counted
+    ort = benchmark_report.window_statistics([0.5, 0.001, 0.003, 0.001], switch=None)
+    assert ort["before_switch_median_ms"] is None and ort["over_2x_median_from_switch"] is None
+    assert ort["over_2x_median"] == 1 and ort["max_step"] == 3
+
+
+def test_fresh_table_leaves_columns_of_older_reports_empty():
+    row = {"steps": 100, "ready_s": 1.0, "median_ms": 0.2, "max_ms": 5.0, "over_2x_median": 3}
+    report = {"fresh_seconds": 120, "fresh_summary": {"0": {"lora": {"ort": dict(row), "ours": dict(row, steps=110)}}}}
+    report["fresh_summary"]["0"]["lora"]["ours"].update(
+        switch_step=40, switch_ms=1.0, before_switch_median_ms=0.45, over_2x_median_from_switch=2
+    )
+    lines = benchmark_report.fresh_table(report, markdown=True).splitlines()
+    assert lines[0].endswith("| median before switch ms | > 2x median from switch |")
+    assert lines[2].endswith("| 3 | - | - | - | - |")
+    assert lines[3] == "| 0 | lora | ours | 110 | 1.10 | 1.0 | 0.20 | 5.0 | 3 | 40 | 1.0 | 0.45 | 2 |"
