@@ -37,7 +37,9 @@ seconds after the process was started (interpreter start, imports and setup coun
 reported: steps completed, the median and the longest step after the first, the steps over
 twice that median, and for ours the step at which the compiled step took over (the compiler
 runs in the background), the median step before it (traced steps) and the steps over twice
-the median from it on (where a stall of the loop would show).
+the median from it on (where a stall of the loop would show).  The compile cache starts
+empty; with `--first-on-machine` TorchInductor's cache (its probes of the CPU's vector
+instructions, its precompiled headers) does too, as on a machine that never compiled.
 """
 
 from __future__ import annotations
@@ -476,6 +478,11 @@ def main() -> None:
         default=0,
         help="also run the first-seconds axis: steps in this many seconds of a fresh process",
     )
+    parser.add_argument(
+        "--first-on-machine",
+        action="store_true",
+        help="first-seconds axis: start TorchInductor's cache empty too, as on a machine that never compiled",
+    )
     parser.add_argument("--window-start", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=pathlib.Path, default=ROOT / "bench_out")
     parser.add_argument("--json", type=pathlib.Path, default=None)
@@ -559,17 +566,14 @@ def main() -> None:
                             run_child(backend, name, work_dirs[name], args, environment)
                         )
                     for backend in fresh[str(load)][name] if args.fresh_seconds else ():
-                        cold_cache = args.work / "cold_cache"
-                        shutil.rmtree(cold_cache, ignore_errors=True)
+                        cold = dict(environment, ORT_TORCH_COMPAT_CACHE_DIR=str(args.work / "cold_cache"))
+                        if args.first_on_machine:  # TorchInductor's own cache too: its checks of
+                            # the CPU's vector instructions and its precompiled headers
+                            cold["TORCHINDUCTOR_CACHE_DIR"] = str(args.work / "cold_inductor_cache")
+                        for directory in ("cold_cache", "cold_inductor_cache"):
+                            shutil.rmtree(args.work / directory, ignore_errors=True)
                         fresh[str(load)][name][backend].append(
-                            run_child(
-                                backend,
-                                name,
-                                work_dirs[name],
-                                args,
-                                dict(environment, ORT_TORCH_COMPAT_CACHE_DIR=str(cold_cache)),
-                                window=True,
-                            )
+                            run_child(backend, name, work_dirs[name], args, cold, window=True)
                         )
                 print(f"load {load}: round {round_index + 1}/{args.rounds} done", file=sys.stderr)
     machine = {
@@ -594,7 +598,12 @@ def main() -> None:
         "raw": results,
     }
     if args.fresh_seconds:
-        report.update(fresh_seconds=args.fresh_seconds, fresh_summary=summarize(fresh), fresh_raw=fresh)
+        report.update(
+            fresh_seconds=args.fresh_seconds,
+            fresh_first_on_machine=args.first_on_machine,
+            fresh_summary=summarize(fresh),
+            fresh_raw=fresh,
+        )
     print(conditions(report) + "\n" + table(report))
     if args.fresh_seconds:
         print(fresh_table(report))

@@ -106,7 +106,8 @@ def fresh_table(report: dict, markdown: bool = False) -> str:
         "load",
         "model",
         "backend",
-        f"steps in {report['fresh_seconds']:.0f} s",
+        f"steps in {report['fresh_seconds']:.0f} s"
+        + (" (first on machine)" if report.get("fresh_first_on_machine") else ""),
         "vs ort",
         "ready s",
         "median step ms",
