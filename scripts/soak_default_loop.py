@@ -14,9 +14,9 @@ steps up to N past the switch to the compiled step: eager steps can be 10x slowe
 compiled ones, so matching a 5-minute compiled run step for step can take an hour, while the
 steps before the switch, the switch and N compiled steps show what can differ).
 Reported per model: steps, the step at which the compiled step took over, the median and
-longest step after the first (the compiler must never stall the loop), and the largest
-difference between the two runs' losses in units of the parity tolerance
-(1e-5 + 1e-4*|loss|; 1.0 = at the tolerance).
+longest step after the first and which step that was (the compiler must never stall the
+loop), and the largest difference between the two runs' losses in units of the parity
+tolerance (1e-5 + 1e-4*|loss|; 1.0 = at the tolerance).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def _loop(directory: pathlib.Path, seconds: float, steps: int) -> dict:
         "switch_step": switch,
         "median_ms": 1000 * later[len(later) // 2],
         "max_ms": 1000 * later[-1],
+        "max_step": max(range(1, len(times)), key=times.__getitem__, default=0) + 1,  # 1-based, as switch_step
     }
 
 
@@ -118,6 +119,7 @@ def main() -> int:
                     "switch_step": default["switch_step"],
                     "median_ms": round(default["median_ms"], 3),
                     "max_ms": round(default["max_ms"], 2),
+                    "max_step": default["max_step"],
                     "longest_over_median": round(stall, 1),
                     "loss_deviation": round(worst, 3),
                     "reference": args.reference,
