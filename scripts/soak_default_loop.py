@@ -36,6 +36,7 @@ def _loop(directory: pathlib.Path, seconds: float, steps: int) -> dict:
     import torch
 
     from ort_torch_compat import api
+    from ort_torch_compat.testing.benchmark_report import window_statistics
 
     with np.load(directory / "inputs.npz") as saved:
         feeds = {key: saved[key] for key in saved.files}
@@ -54,14 +55,8 @@ def _loop(directory: pathlib.Path, seconds: float, steps: int) -> dict:
         losses.append(float(loss))
         if switch is None and module._engine.train_runner.path == "compiled":
             switch = len(losses)
-    later = sorted(times[1:]) or [0.0]
-    return {
-        "losses": losses,
-        "switch_step": switch,
-        "median_ms": 1000 * later[len(later) // 2],
-        "max_ms": 1000 * later[-1],
-        "max_step": max(range(1, len(times)), key=times.__getitem__, default=0) + 1,  # 1-based, as switch_step
-    }
+    statistics = window_statistics(times, switch)
+    return {"losses": losses, **{key: statistics[key] for key in ("switch_step", "median_ms", "max_ms", "max_step")}}
 
 
 def _child(directory: pathlib.Path, setting: str, seconds: float, steps: int, cache: str) -> dict:

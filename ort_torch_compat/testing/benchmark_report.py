@@ -136,9 +136,9 @@ def fresh_table(report: dict, markdown: bool = False) -> str:
                         f"{row['ready_s']:.1f}",
                         f"{row['median_ms']:.2f}",
                         f"{row['max_ms']:.1f}",
-                        f"{row['over_2x_median']:.0f}" if "over_2x_median" in row else "-",
-                        f"{row['switch_step']:.0f}" if row.get("switch_step") else "-",
-                        f"{row['switch_ms']:.1f}" if row.get("switch_ms") is not None else "-",
+                        _optional(row, "over_2x_median", "{:.0f}"),
+                        _optional(row, "switch_step", "{:.0f}"),
+                        _optional(row, "switch_ms", "{:.1f}"),
                         _optional(row, "before_switch_median_ms", "{:.2f}"),
                         _optional(row, "over_2x_median_from_switch", "{:.0f}"),
                     ]
@@ -147,7 +147,7 @@ def fresh_table(report: dict, markdown: bool = False) -> str:
 
 
 def _optional(row: dict, key: str, form: str) -> str:
-    """A cell that reports made before the column, or rows without a switch, leave empty."""
+    """A cell that reports made before its column, or rows without a switch, leave empty."""
     return form.format(row[key]) if row.get(key) is not None else "-"
 
 
