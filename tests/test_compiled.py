@@ -313,9 +313,12 @@ def test_a_step_not_faster_on_one_thread_is_timed_in_the_training_loop(monkeypat
     paths = []
     original = runner.compiled_for
 
+    traced_by_step = []
+
     def recording(tensors, fixed=0):
         step = original(tensors, fixed)
         paths.append("compiled" if step is runner.compiled and step is not None else runner.path)
+        traced_by_step.append(len(runner._traced))
         return step
 
     monkeypatch.setattr(runner, "compiled_for", recording)
@@ -337,6 +340,8 @@ def test_a_step_not_faster_on_one_thread_is_timed_in_the_training_loop(monkeypat
         for e, a in zip(step_expected, step_actual):
             torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
     assert timed == [5, 5], "the verdict comes after five timed steps of each form"
+    # the other form is traced in the first step (load and trace), not in the trial's second
+    assert traced_by_step[0] == 1, "the first step traces the form the compiled step is timed against"
     assert paths[:10].count("compiled") == 5, f"the forms take turns: {paths}"
     if faster_in_the_loop:
         assert paths[10:] == ["compiled"] * 3 and runner.path == "compiled"

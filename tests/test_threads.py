@@ -111,6 +111,21 @@ def test_while_a_compile_worker_runs_the_steps_leave_it_a_core(two_threads):
     assert torch.get_num_threads() == 2 and policy._times == {}  # nothing measured, the caller's count back
 
 
+def test_the_trial_times_both_forms_on_every_thread_only_while_the_cores_are_idle(two_threads, monkeypatch):
+    load = [0.5]
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (load[0], load[0], load[0]))
+    monkeypatch.setattr(threads, "_LOAD_READ_INTERVAL_S", 0.0)
+    monkeypatch.setattr(threads, "_finished_work", [])
+    policy = ThreadPolicy()
+    assert policy.run_measured(threads.TRIAL, torch.get_num_threads) == 2
+    assert policy.run(torch.get_num_threads) == 2  # the optimizer step after it
+    load[0] = 2.6  # two busy processes: a second thread would wait for their scheduler slices
+    assert policy.run_measured(threads.TRIAL, torch.get_num_threads) == 1
+    assert policy.run(torch.get_num_threads) == 1
+    assert torch.get_num_threads() == 2 and policy._times == {}  # nothing measured, the caller's count back
+
+
 def _policy_on_two_cores(monkeypatch, load: list) -> tuple:
     """A measured policy on a 2-core machine whose load average is `load[0]`, and a train
     step that records its thread count (two threads are the slow count)."""

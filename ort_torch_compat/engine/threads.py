@@ -26,7 +26,10 @@ an OpenMP region that waits for a thread sharing its core stalls for a scheduler
 call, the first measurements and every re-try of more threads than one wait while the
 load average says the cores they need are busy (one thread meanwhile).  While the runner
 times its compiled step against the other form (`TRIAL`, compiled.py), every step uses the
-caller's count, unmeasured.
+caller's count, unmeasured, where the load average says its cores are idle, and one thread
+where it does not (EfficientNet-B0-tiny's trial steps: 0.3-0.4 s on two threads with two
+busy processes on 2 cores, 0.14 s on one; with three training processes on the 2 cores, single
+steps of 3 and 10 s fell in the trials of ResNet-18 and EfficientNet-B0).
 Results may differ in the last bits between thread counts (reductions split differently),
 within float32 rounding; fix the count for bit-for-bit reproducible runs.
 """
@@ -139,8 +142,8 @@ class ThreadPolicy:
             return self.fixed
         if self._path == COMPILING:  # the optimizer and eval steps leave the worker its core too
             return max(1, ceiling - 1)
-        if self._path == TRIAL:  # both forms timed on every thread the caller allows
-            return ceiling
+        if self._path == TRIAL:  # both forms timed on every thread the caller allows, cores permitting
+            return ceiling if _cores_idle(ceiling - 1) else 1
         key = (self._path, ceiling)
         return self._chosen.get(key, self._last.get(key, ceiling))
 
