@@ -21,8 +21,8 @@ tolerance (1e-5 + 1e-4*|loss|; 1.0 = at the tolerance).
 Same-state probes: two runs' losses agree step for step only as long as the training does
 not amplify float32 rounding (a U-Net fitting a fixed batch does: two eager runs that differ
 only in their thread count part beyond the tolerance after ~90 steps).  So the default run
-also saves its state (parameters, optimizer state) at a few steps: the 100th (traced, while
-the compiler runs), the first after the switch, 1000 after it and the last; the reference
+also saves its state (parameters, optimizer state) a few times: after 100 steps (traced,
+while the compiler runs), after the first compiled step, 1000 steps later and at the end; the reference
 setting loads each saved state in a fresh process and runs PROBE_STEPS steps from it, and
 "probe_deviation" is the largest difference between those losses and the default run's at
 the same steps, in the same units.  The run fails where a probe deviates beyond the
@@ -42,7 +42,7 @@ import time
 from typing import Dict, List, Optional
 
 PROBE_STEPS = 3  # steps run from each saved state: the second and third show its gradients and update
-_TRACED_PROBE = 100  # a state saved before this step (traced steps while the compiler runs)
+_TRACED_PROBE = 100  # a state saved after this many steps (traced while the compiler runs)
 _LATE_PROBE = 1000  # ... and this many steps after the switch
 
 

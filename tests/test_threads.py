@@ -113,11 +113,7 @@ def test_while_a_compile_worker_runs_the_steps_leave_it_a_core(two_threads):
 
 def test_the_trial_times_both_forms_on_every_thread_only_while_the_cores_are_idle(two_threads, monkeypatch):
     load = [0.5]
-    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(threads.os, "getloadavg", lambda: (load[0], load[0], load[0]))
-    monkeypatch.setattr(threads, "_LOAD_READ_INTERVAL_S", 0.0)
-    monkeypatch.setattr(threads, "_finished_work", [])
-    policy = ThreadPolicy()
+    policy, _, _ = _policy_on_two_cores(monkeypatch, load)
     assert policy.run_measured(threads.TRIAL, torch.get_num_threads) == 2
     assert policy.run(torch.get_num_threads) == 2  # the optimizer step after it
     load[0] = 2.6  # two busy processes: a second thread would wait for their scheduler slices
