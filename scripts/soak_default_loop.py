@@ -139,7 +139,9 @@ def _child(setting: str, cache: str, arguments: List[str], timeout: float) -> di
 
 def _deviation(ours: List[float], theirs: List[float]) -> float:
     """The largest difference of two loss sequences in units of the parity tolerance."""
-    return max((abs(a - b) / (1e-5 + 1e-4 * abs(b)) for a, b in zip(ours, theirs)), default=0.0)
+    from ort_torch_compat.testing.parity_rule import ATOL, RTOL
+
+    return max((abs(a - b) / (ATOL + RTOL * abs(b)) for a, b in zip(ours, theirs)), default=0.0)
 
 
 def _soak(directory: pathlib.Path, args: argparse.Namespace) -> dict:
