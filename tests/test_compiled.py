@@ -12,8 +12,11 @@ once and trains eagerly.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import pickle
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -556,8 +559,8 @@ class _InlineWorker:
     pending = 0
     started: list = []
 
-    def __init__(self, recipe, tensors, key, root, background):
-        _InlineWorker.started.append(background)
+    def __init__(self, recipe, tensors, key, root, priority):
+        _InlineWorker.started.append(priority)
         self._polls = _InlineWorker.pending
         self._result = compile_build.build_entry(recipe.build(), tensors, key, root)
 
@@ -639,12 +642,19 @@ def test_cache_key_reads_the_library_sources_contents_not_where_they_lie(monkeyp
     compile_key._file_digest.cache_clear()
 
 
+def _traced_step_timed_as(monkeypatch, eager_ms: float, traced_ms: float) -> None:
+    """The traced step's build reports these timings (the steps are the real ones)."""
+    build_traced_step = traced_step.build_traced_step
+    monkeypatch.setattr(traced_step, "build_traced_step", lambda *a: (build_traced_step(*a)[0], eager_ms, traced_ms))
+
+
 def test_auto_compiles_in_the_background_from_the_first_step(monkeypatch, tmp_path, inline_worker):
     """ "auto" starts the worker at the first step (in the background) and trains eagerly
     until it is done; "on" waits for it; a failed compile leaves eager steps and one warning."""
     monkeypatch.setenv(compile_cache.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(compiled, "_reported", set())
     monkeypatch.setattr(compiled, "cxx_compiler", lambda: "c++")
+    _traced_step_timed_as(monkeypatch, eager_ms=2.0, traced_ms=1.0)
 
     def failing_compile(spec, tensors, directory):
         raise OSError("compiler crashed (test)")
@@ -657,7 +667,7 @@ def test_auto_compiles_in_the_background_from_the_first_step(monkeypatch, tmp_pa
         for step in range(1, 6):
             engine.train_step(_feeds(engine, spec, step))
             states.append(engine.train_runner._state)
-    assert inline_worker.started == [True]  # one worker, started in the background at the first step
+    assert inline_worker.started == [compile_worker.BACKGROUND]  # one worker, in the background, at the first step
     assert states == ["compiling", "compiling", "compiling", "eager", "eager"]
     assert len([w for w in caught if issubclass(w.category, compiled.CompileWarning)]) == 1
     assert not list(pathlib.Path(tmp_path).glob("compiled/*"))  # a failure caches nothing: retried next run
@@ -666,7 +676,64 @@ def test_auto_compiles_in_the_background_from_the_first_step(monkeypatch, tmp_pa
     engine, spec = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "on"})
     with pytest.warns(compiled.CompileWarning, match="compiler crashed"):
         _train(engine, spec, 1)
-    assert inline_worker.started == [True, False]  # "on" waits in the foreground
+    assert inline_worker.started == [compile_worker.BACKGROUND, compile_worker.FOREGROUND]  # "on" waits for it
+
+
+@pytest.mark.parametrize(
+    "eager_ms, traced_ms, priority, path",
+    [
+        (2.0, 1.0, compile_worker.BACKGROUND, "traced"),
+        (1.0, 0.99, compile_worker.IDLE, "traced"),  # faster, but by less than a tenth (EfficientNet-B0-tiny)
+        (1.0, 1.0, compile_worker.IDLE, "eager"),
+    ],
+)
+def test_the_worker_of_a_step_tracing_does_not_speed_up_compiles_at_the_lowest_priority(
+    monkeypatch, tmp_path, inline_worker, eager_ms, traced_ms, priority, path
+):
+    """Under "auto", a step whose traced form saves less than a tenth of the eager step's
+    time spends it in kernels (EfficientNet-B0-tiny): its worker runs IDLE, taking no CPU
+    that the training loop or other processes want; otherwise BACKGROUND."""
+    monkeypatch.setenv(compile_cache.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(compiled, "_reported", set())
+    monkeypatch.setattr(compiled, "cxx_compiler", lambda: "c++")
+    _traced_step_timed_as(monkeypatch, eager_ms, traced_ms)
+    inline_worker.pending = 10
+    engine, spec = _engine("mlp_mse_adamw_op17", **{compiled.CONFIG_KEY: "auto"})
+    for step in (1, 2):
+        engine.train_step(_feeds(engine, spec, step))
+    assert inline_worker.started == [priority]
+    assert engine.train_runner._state == "compiling"
+    assert engine.train_runner._traced and (path == "traced") == any(engine.train_runner._traced.values())
+
+
+@pytest.mark.skipif(not hasattr(os, "nice"), reason="POSIX priorities")
+@pytest.mark.parametrize("priority", [compile_worker.BACKGROUND, compile_worker.IDLE])
+def test_a_worker_lowers_its_priority_and_an_idle_one_its_sessions_too(priority):
+    """The worker leads its own session; with the kernel's per-session scheduling groups
+    (autogroups) only the group's nice ranks it against other sessions, so IDLE sets that
+    too (where the kernel has them), BACKGROUND only its own nice."""
+    probe = (
+        "import os, sys\n"
+        "from ort_torch_compat.engine import compile_worker\n"
+        "compile_worker.lower_priority(sys.argv[1])\n"
+        "group = open('/proc/self/autogroup').read().split()[-1] if os.path.exists('/proc/self/autogroup') else '-'\n"
+        "print(os.nice(0), group)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, priority], cwd=ROOT, capture_output=True, text=True, start_new_session=True
+    )
+    assert out.returncode == 0, out.stderr
+    nice, group = out.stdout.split()
+    base = os.nice(0)
+    assert int(nice) == min(19, base + {compile_worker.BACKGROUND: 10, compile_worker.IDLE: 19}[priority])
+    if os.path.exists("/proc/self/autogroup") and priority == compile_worker.BACKGROUND:
+        assert group == "0"  # its new session's group keeps the default
+    if (
+        os.path.exists("/proc/self/autogroup")
+        and priority == compile_worker.IDLE
+        and os.access("/proc/self/autogroup", os.W_OK)
+    ):
+        assert group == "19"
 
 
 def test_auto_traces_the_first_step_before_starting_the_worker(monkeypatch, tmp_path, inline_worker):
