@@ -68,11 +68,8 @@ class CompileWorker:
     def __init__(
         self, recipe: "ModuleRecipe", tensors: Sequence["torch.Tensor"], key: str, root: pathlib.Path, priority: str
     ):
-        if priority not in _NICE:
-            raise ValueError(f"compile worker priority must be one of {sorted(_NICE)}, got {priority!r}")
         self.key = key
         self.root = root
-        self.priority = priority
         job = {
             "recipe": recipe,
             "key": key,
