@@ -37,7 +37,10 @@ seconds after the process was started (interpreter start, imports and setup coun
 reported: steps completed, the median and the longest step after the first, the steps over
 twice that median, and for ours the step at which the compiled step took over (the compiler
 runs in the background), the median step before it (traced steps) and the steps over twice
-the median from it on (where a stall of the loop would show).  The compile cache starts
+the median from it on (where a stall of the loop would show); for every backend, what those
+steps spent most of their time on (on a CPU, queued for one, blocked, other) and the parts
+of the longest step (ort_torch_compat/testing/step_accounting.py: about 1 us a step for
+reading the thread's scheduler statistics, paid by every backend).  The compile cache starts
 empty; with `--first-on-machine` TorchInductor's cache (its probes of the CPU's vector
 instructions, its precompiled headers) does too, as on a machine that never compiled.
 """
@@ -56,6 +59,7 @@ import sys
 import time
 
 from ort_torch_compat.testing.benchmark_report import conditions, fresh_table, table, window_statistics
+from ort_torch_compat.testing.step_accounting import StepClock
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BACKENDS = ("ort", "ours", "eager")
@@ -341,20 +345,22 @@ def measure_window(backend: str, directory: pathlib.Path, started: float, second
     module = api.Module(str(directory / "training_model.onnx"), state)
     optimizer = api.Optimizer(str(directory / "optimizer_model.onnx"), module)
     values = [feeds[key] if backend == "ort" else torch.from_numpy(feeds[key]) for key in module.input_names()]
-    times, switch = [], None
+    clock, switch = StepClock(), None  # step times, and where each step's time went
+    times = clock.seconds
     deadline = started + seconds
     first_at = time.time() - started
     while True:
-        begin = time.perf_counter()
+        clock.start()
         module(*values)
         optimizer.step()
         module.lazy_reset_grad()
-        times.append(time.perf_counter() - begin)
+        clock.stop()
         if switch is None and backend == "ours" and module._engine.train_runner.path == "compiled":
             switch = len(times)
         if time.time() >= deadline:
             break
-    return {"ready_s": first_at, **window_statistics(times, switch)}
+    clock.close()
+    return {"ready_s": first_at, **window_statistics(times, switch, clock)}
 
 
 def _peak_rss_mb() -> float:

@@ -15,7 +15,8 @@ compiled ones, so matching a 5-minute compiled run step for step can take an hou
 steps before the switch, the switch and N compiled steps show what can differ).
 Reported per model: steps, the step at which the compiled step took over, the median and
 longest step after the first and which step that was (the compiler must never stall the
-loop), and the largest difference between the two runs' losses in units of the parity
+loop), where the steps over twice the median and the longest one spent their time (running,
+queued for a CPU, blocked, other: ort_torch_compat/testing/step_accounting.py), and the largest difference between the two runs' losses in units of the parity
 tolerance (1e-5 + 1e-4*|loss|; 1.0 = at the tolerance).
 
 Same-state probes: two runs' losses agree step for step only as long as the training does
@@ -68,11 +69,12 @@ def _loop(directory: pathlib.Path, seconds: float, steps: int, probes: Optional[
     """The timed loop; with `probes`, the state saved there before the probe steps."""
     from ort_torch_compat import api
     from ort_torch_compat.testing.benchmark_report import window_statistics
+    from ort_torch_compat.testing.step_accounting import StepClock
 
     state = api.CheckpointState.load_checkpoint(str(directory / "checkpoint"))
     module, optimizer, values = _resume(state, directory, _feeds(directory))
     losses: List[float] = []
-    times: List[float] = []
+    clock = StepClock()  # step times, and where each step's time went
     switch = None
     probe_starts = {_TRACED_PROBE} if probes is not None else set()
     saved: List[int] = []
@@ -87,21 +89,27 @@ def _loop(directory: pathlib.Path, seconds: float, steps: int, probes: Optional[
         if len(losses) in probe_starts:  # outside the timed step
             api.CheckpointState.save_checkpoint(state, str(probes / str(len(losses))), include_optimizer_state=True)
             saved.append(len(losses))
-        begin = time.perf_counter()
+        clock.start()
         loss = module(*values)
         optimizer.step()
         module.lazy_reset_grad()
-        times.append(time.perf_counter() - begin)
+        clock.stop()
         losses.append(float(loss))
         if switch is None and module._engine.train_runner.path == "compiled":
             switch = len(losses)
             if probes is not None:
                 probe_starts |= {switch, switch + _LATE_PROBE}
-    statistics = window_statistics(times, switch)
+    clock.close()
+    statistics = window_statistics(clock.seconds, switch, clock)
+    kept = ("switch_step", "median_ms", "max_ms", "max_step", "over_2x_median")
     return {
         "losses": losses,
         "probes": {str(start): losses[start : start + PROBE_STEPS] for start in saved},
-        **{key: statistics[key] for key in ("switch_step", "median_ms", "max_ms", "max_step")},
+        **{
+            key: value
+            for key, value in statistics.items()
+            if key in kept or key.startswith(("over_2x_median_", "max_"))
+        },
     }
 
 
@@ -173,6 +181,12 @@ def _soak(directory: pathlib.Path, args: argparse.Namespace) -> dict:
         "max_ms": round(default["max_ms"], 2),
         "max_step": default["max_step"],
         "longest_over_median": round(default["max_ms"] / max(default["median_ms"], 1e-9), 1),
+        # where the steps over twice the median and the longest one spent their time (step_accounting.py)
+        **{
+            key: value
+            for key, value in default.items()
+            if key.startswith(("over_2x_median", "max_")) and key != "max_ms"
+        },
         "loss_deviation": round(_deviation(default["losses"], reference["losses"]), 3),
         "probe_steps": [int(start) for start in starts],
         "probe_deviation": round(max(_deviation(default["probes"][k], replayed[k]) for k in starts), 3),

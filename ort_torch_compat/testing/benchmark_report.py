@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from . import step_accounting
+from .step_accounting import StepClock
+
 
 def table(report: dict, markdown: bool = False) -> str:
     """The result table (plain text for the console, markdown for README)."""
@@ -74,7 +77,7 @@ def _render(columns: list, rows: list, markdown: bool) -> str:
     return "\n".join(lines + ["  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in rows])
 
 
-def window_statistics(times: Sequence[float], switch: Optional[int]) -> dict:
+def window_statistics(times: Sequence[float], switch: Optional[int], clock: Optional[StepClock] = None) -> dict:
     """The first-seconds axis of one process from its step times (seconds, in order) and the
     1-based step at which the compiled step took over (None: it did not).
 
@@ -82,22 +85,37 @@ def window_statistics(times: Sequence[float], switch: Optional[int]) -> dict:
     issue's "no step over 2x the median" reads; the steps before the switch (the traced
     steps that run while the compiler works in the background) get their own median, and
     the steps over twice the whole run's median are counted separately from the switch on,
-    so a steady, slower traced phase and a stall of the loop read apart."""
+    so a steady, slower traced phase and a stall of the loop read apart.  With the `clock`
+    that timed the steps (step_accounting.py), also how many of the steps over twice the
+    median spent most of their time on each cause (`over_2x_median_running`, `_queued`,
+    `_blocked`, `_other`; the same from the switch on), and the parts of the longest step
+    (`max_running_ms`, `max_queued_ms`, `max_rest_ms`, `max_voluntary_switches`)."""
     later = sorted(times[1:]) or [0.0]
     median = later[len(later) // 2]
     longest = max(range(1, len(times)), key=times.__getitem__, default=0)
     before = sorted(times[1 : switch - 1]) if switch else []
-    return {
+    over = [index for index in range(1, len(times)) if times[index] > 2 * median]
+    statistics = {
         "steps": len(times),
         "median_ms": 1000 * median,
         "max_ms": 1000 * later[-1],
         "max_step": longest + 1,  # 1-based, as switch_step
         "switch_step": switch,
         "switch_ms": None if switch is None else 1000 * times[switch - 1],
-        "over_2x_median": sum(t > 2 * median for t in times[1:]),
+        "over_2x_median": len(over),
         "before_switch_median_ms": 1000 * before[len(before) // 2] if before else None,
-        "over_2x_median_from_switch": None if switch is None else sum(t > 2 * median for t in times[switch - 1 :]),
+        "over_2x_median_from_switch": None if switch is None else sum(index >= switch - 1 for index in over),
     }
+    if clock is not None and clock.accounted and len(times) > 1:  # flat numbers: the rounds' medians are taken
+        for cause, count in step_accounting.causes(clock, over).items():
+            statistics[f"over_2x_median_{cause}"] = count
+        if switch is not None:
+            from_switch = [index for index in over if index >= switch - 1]
+            for cause, count in step_accounting.causes(clock, from_switch).items():
+                statistics[f"over_2x_median_from_switch_{cause}"] = count
+        for part, value in step_accounting.parts(clock, longest).items():
+            statistics[f"max_{part}"] = value
+    return statistics
 
 
 def fresh_table(report: dict, markdown: bool = False) -> str:
@@ -117,6 +135,9 @@ def fresh_table(report: dict, markdown: bool = False) -> str:
         "switch step ms",
         "median before switch ms",
         "> 2x median from switch",
+        "> 2x median: running / queued / blocked / other",
+        "of those, from switch",
+        "longest: running / queued / rest ms",
     ]
     rows = []
     for load, models in report["fresh_summary"].items():
@@ -141,6 +162,11 @@ def fresh_table(report: dict, markdown: bool = False) -> str:
                         _optional(row, "switch_ms", "{:.1f}"),
                         _optional(row, "before_switch_median_ms", "{:.2f}"),
                         _optional(row, "over_2x_median_from_switch", "{:.0f}"),
+                        _joined(row, [f"over_2x_median_{cause}" for cause in step_accounting.CAUSES], "{:.0f}"),
+                        _joined(
+                            row, [f"over_2x_median_from_switch_{cause}" for cause in step_accounting.CAUSES], "{:.0f}"
+                        ),
+                        _joined(row, ["max_running_ms", "max_queued_ms", "max_rest_ms"], "{:.1f}"),
                     ]
                 )
     return _render(columns, rows, markdown)
@@ -149,6 +175,13 @@ def fresh_table(report: dict, markdown: bool = False) -> str:
 def _optional(row: dict, key: str, form: str) -> str:
     """A cell that reports made before its column, or rows without a switch, leave empty."""
     return form.format(row[key]) if row.get(key) is not None else "-"
+
+
+def _joined(row: dict, keys: list, form: str) -> str:
+    """Cells of one kind in one column ("a / b / c"), or "-" where the report lacks them."""
+    if any(row.get(key) is None for key in keys):
+        return "-"
+    return " / ".join(form.format(row[key]) for key in keys)
 
 
 def conditions(report: dict) -> str:
