@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+import types
 
 import numpy as np
 import onnx
@@ -474,6 +475,27 @@ def test_which_shapes_are_traced(always_faster, monkeypatch, tmp_path):
         engine.train_step([torch.from_numpy(f) for f in feeds])
     assert traced == [2, 3]  # 4 and 5 came back after the cap was reached
     assert sum(step is not None for step in runner._traced.values()) == 2
+
+
+def test_a_step_that_traced_ends_with_one_full_collection(always_faster, monkeypatch, tmp_path):
+    """After the steps that traced (the first batch's shapes at step 1, a returning shape at
+    step 5), and after no other: tracing leaves tens of thousands of long-lived objects, and
+    without the collection then a full one stops the loop some thousand steps later."""
+    collected_after = []
+    step = [0]
+    monkeypatch.setattr(compiled, "gc", types.SimpleNamespace(collect=lambda: collected_after.append(step[0])))
+    engine = _dynamic_batch_mlp(tmp_path)
+    rng = np.random.default_rng(0)
+    for batch_size in (2, 2, 2, 3, 3, 2, 3):
+        step[0] += 1
+        feeds = [rng.standard_normal((batch_size, 6), np.float32), rng.standard_normal((batch_size, 3), np.float32)]
+        engine.train_step([torch.from_numpy(f) for f in feeds])
+    assert collected_after == [1, 5]
+    directory = FIXTURES / "mlp_mse_adamw_op17"
+    eager = _engine(directory, "eager")  # nothing traced: nothing collected
+    for step[0] in range(1, 4):
+        eager.train_step(_feeds(eager, load_spec(directory), step[0]))
+    assert collected_after == [1, 5]
 
 
 def test_a_slower_traced_step_is_not_used(monkeypatch):
