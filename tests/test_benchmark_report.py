@@ -67,7 +67,9 @@ def test_fresh_table_leaves_columns_of_older_reports_empty():
     )
     lines = benchmark_report.fresh_table(report, markdown=True).splitlines()
     assert "| median before switch ms | > 2x median from switch |" in lines[0]
-    assert lines[2].endswith("| 3 | - | - | - | - | - | - | - |")
-    assert lines[3] == "| 0 | lora | ours | 110 | 1.10 | 1.0 | 0.20 | 5.0 | 3 | 40 | 1.0 | 0.45 | 2 | - | - | - |"
+    assert lines[2].endswith("| 3 | - | - | - | - | - | - | - | - | - |")
+    assert (
+        lines[3] == "| 0 | lora | ours | 110 | 1.10 | 1.0 | 0.20 | 5.0 | 3 | 40 | 1.0 | 0.45 | 2 | - | - | - | - | - |"
+    )
     report["fresh_first_on_machine"] = True  # TorchInductor's cache started empty too
     assert "| steps in 120 s (first on machine) |" in benchmark_report.fresh_table(report, markdown=True)

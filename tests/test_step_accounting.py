@@ -109,6 +109,21 @@ def test_window_statistics_say_what_the_long_steps_spent_their_time_on():
     assert plain == benchmark_report.window_statistics(clock.seconds, switch=5)
 
 
+def test_the_local_count_finds_a_step_longer_than_its_neighbours_in_either_phase():
+    """A slower phase (traced steps at 2.2x the compiled ones) is no long step beside its
+    neighbours; a step twice as long as the steps around it is, before or after the switch."""
+    block = benchmark_report.LOCAL_STEPS
+    traced, compiled = [0.0022] * (2 * block), [0.001] * (3 * block)
+    traced[block + 7] = 0.0045  # a stall among traced steps
+    compiled[2 * block + 3] = 0.0021  # one among compiled steps
+    times = [0.5] + traced + compiled
+    clock = _clock_of([(t, t, 0.0, 0) for t in times])
+    stats = benchmark_report.window_statistics(times, switch=len(traced) + 2, clock=clock)
+    assert stats["over_2x_median"] == 2 * block + 1  # the global count takes in every traced step
+    assert stats["over_2x_local_median"] == 2
+    assert stats["over_2x_local_median_running"] == 2 and stats["over_2x_local_median_queued"] == 0
+
+
 def test_fresh_table_shows_the_causes_and_dashes_for_reports_without_them():
     row = {"steps": 100, "ready_s": 1.0, "median_ms": 0.2, "max_ms": 5.0, "over_2x_median": 3}
     causes = {f"over_2x_median_{c}": n for c, n in zip(step_accounting.CAUSES, (1, 2, 0, 0))}
@@ -119,7 +134,9 @@ def test_fresh_table_shows_the_causes_and_dashes_for_reports_without_them():
     }
     lines = benchmark_report.fresh_table(report, markdown=True).splitlines()
     assert lines[0].endswith(
-        "| > 2x median: running / queued / blocked / other | of those, from switch | longest: running / queued / rest ms |"
+        "| > 2x median: running / queued / blocked / other | of those, from switch "
+        "| > 2x the median of its 100 steps | of those: running / queued / blocked / other "
+        "| longest: running / queued / rest ms |"
     )
-    assert lines[2].endswith("| 1 / 2 / 0 / 0 | - | 0.5 / 4.2 / 0.0 |")
-    assert lines[3].endswith("| - | - | - |")
+    assert lines[2].endswith("| 1 / 2 / 0 / 0 | - | - | - | 0.5 / 4.2 / 0.0 |")
+    assert lines[3].endswith("| - | - | - | - | - |")

@@ -77,6 +77,20 @@ def _render(columns: list, rows: list, markdown: bool) -> str:
     return "\n".join(lines + ["  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in rows])
 
 
+LOCAL_STEPS = 100  # the steps whose median a step is compared with in the local count (see window_statistics)
+
+
+def _over_twice_the_local_median(times: Sequence[float]) -> list:
+    """Indices of the steps after the first that took over twice the median of their block
+    of LOCAL_STEPS consecutive steps (blocks from the second step on)."""
+    over = []
+    for start in range(1, len(times), LOCAL_STEPS):
+        block = times[start : start + LOCAL_STEPS]
+        median = sorted(block)[len(block) // 2]
+        over.extend(start + offset for offset, seconds in enumerate(block) if seconds > 2 * median)
+    return over
+
+
 def window_statistics(times: Sequence[float], switch: Optional[int], clock: Optional[StepClock] = None) -> dict:
     """The first-seconds axis of one process from its step times (seconds, in order) and the
     1-based step at which the compiled step took over (None: it did not).
@@ -85,16 +99,20 @@ def window_statistics(times: Sequence[float], switch: Optional[int], clock: Opti
     issue's "no step over 2x the median" reads; the steps before the switch (the traced
     steps that run while the compiler works in the background) get their own median, and
     the steps over twice the whole run's median are counted separately from the switch on,
-    so a steady, slower traced phase and a stall of the loop read apart.  With the `clock`
+    so a steady, slower traced phase and a stall of the loop read apart.  `over_2x_local_median`
+    counts the steps over twice the median of their own LOCAL_STEPS consecutive steps: a
+    step much longer than its neighbours, whatever the phase (the traced steps are no
+    longer than their neighbours; a collection, a wait for a lock or a core is).  With the `clock`
     that timed the steps (step_accounting.py), also how many of the steps over twice the
     median spent most of their time on each cause (`over_2x_median_running`, `_queued`,
-    `_blocked`, `_other`; the same from the switch on), and the parts of the longest step
+    `_blocked`, `_other`; the same from the switch on and for the local count), and the parts of the longest step
     (`max_running_ms`, `max_queued_ms`, `max_rest_ms`, `max_voluntary_switches`)."""
     later = sorted(times[1:]) or [0.0]
     median = later[len(later) // 2]
     longest = max(range(1, len(times)), key=times.__getitem__, default=0)
     before = sorted(times[1 : switch - 1]) if switch else []
     over = [index for index in range(1, len(times)) if times[index] > 2 * median]
+    local = _over_twice_the_local_median(times)
     statistics = {
         "steps": len(times),
         "median_ms": 1000 * median,
@@ -105,6 +123,7 @@ def window_statistics(times: Sequence[float], switch: Optional[int], clock: Opti
         "over_2x_median": len(over),
         "before_switch_median_ms": 1000 * before[len(before) // 2] if before else None,
         "over_2x_median_from_switch": None if switch is None else sum(index >= switch - 1 for index in over),
+        "over_2x_local_median": len(local),
     }
     if clock is not None and clock.accounted and len(times) > 1:  # flat numbers: the rounds' medians are taken
         for cause, count in step_accounting.causes(clock, over).items():
@@ -113,6 +132,8 @@ def window_statistics(times: Sequence[float], switch: Optional[int], clock: Opti
             from_switch = [index for index in over if index >= switch - 1]
             for cause, count in step_accounting.causes(clock, from_switch).items():
                 statistics[f"over_2x_median_from_switch_{cause}"] = count
+        for cause, count in step_accounting.causes(clock, local).items():
+            statistics[f"over_2x_local_median_{cause}"] = count
         for part, value in step_accounting.parts(clock, longest).items():
             statistics[f"max_{part}"] = value
     return statistics
@@ -137,6 +158,8 @@ def fresh_table(report: dict, markdown: bool = False) -> str:
         "> 2x median from switch",
         "> 2x median: running / queued / blocked / other",
         "of those, from switch",
+        f"> 2x the median of its {LOCAL_STEPS} steps",
+        "of those: running / queued / blocked / other",
         "longest: running / queued / rest ms",
     ]
     rows = []
@@ -166,6 +189,8 @@ def fresh_table(report: dict, markdown: bool = False) -> str:
                         _joined(
                             row, [f"over_2x_median_from_switch_{cause}" for cause in step_accounting.CAUSES], "{:.0f}"
                         ),
+                        _optional(row, "over_2x_local_median", "{:.0f}"),
+                        _joined(row, [f"over_2x_local_median_{cause}" for cause in step_accounting.CAUSES], "{:.0f}"),
                         _joined(row, ["max_running_ms", "max_queued_ms", "max_rest_ms"], "{:.1f}"),
                     ]
                 )
