@@ -6,7 +6,9 @@ little-endian C-order bytes.  This module is the single place that knows how to 
 ``(code, bytes)`` pairs into numpy arrays or torch tensors and back, so the rest of the
 library never hard-codes a dtype table.
 
-numpy has no bfloat16 / float8 types; ``ml_dtypes`` (a dependency of onnx) provides them.
+numpy has no bfloat16 / float8 types; ``ml_dtypes`` (a dependency of onnx) provides them,
+imported when such a type is first asked for (ml_dtypes 0.7.0 takes 0.7 s to import, eight
+times this package's own import after torch; a numpy array of its types means it is loaded).
 torch conversion deliberately avoids numpy for the payload so those dtypes stay lossless
 and no pickling is involved.
 """
@@ -14,17 +16,13 @@ and no pickling is involved.
 from __future__ import annotations
 
 import math
+import sys
 from enum import IntEnum
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from .records import TensorRecord
-
-try:  # ml_dtypes ships with onnx; without it only the extended float types are missing.
-    import ml_dtypes as _ml
-except ImportError:  # pragma: no cover - onnx always installs it
-    _ml = None
 
 __all__ = [
     "TensorDataType",
@@ -110,21 +108,36 @@ _NUMPY: Dict[int, np.dtype] = {
     TensorDataType.COMPLEX64: np.dtype("<c8"),
     TensorDataType.COMPLEX128: np.dtype("<c16"),
 }
-if _ml is not None:
-    _NUMPY.update(
-        {
-            TensorDataType.BFLOAT16: np.dtype(_ml.bfloat16),
-            TensorDataType.FLOAT8E4M3FN: np.dtype(_ml.float8_e4m3fn),
-            TensorDataType.FLOAT8E4M3FNUZ: np.dtype(_ml.float8_e4m3fnuz),
-            TensorDataType.FLOAT8E5M2: np.dtype(_ml.float8_e5m2),
-            TensorDataType.FLOAT8E5M2FNUZ: np.dtype(_ml.float8_e5m2fnuz),
-        }
-    )
+_EXTENDED = {  # ml_dtypes' name of each type numpy lacks
+    TensorDataType.BFLOAT16: "bfloat16",
+    TensorDataType.FLOAT8E4M3FN: "float8_e4m3fn",
+    TensorDataType.FLOAT8E4M3FNUZ: "float8_e4m3fnuz",
+    TensorDataType.FLOAT8E5M2: "float8_e5m2",
+    TensorDataType.FLOAT8E5M2FNUZ: "float8_e5m2fnuz",
+}
 
 # Reverse map keyed by the dtype with native byte order, so '>f4' and '<f4' both match.
 _NUMPY_REVERSE: Dict[np.dtype, int] = {
     dt.newbyteorder("="): code for code, dt in _NUMPY.items() if code != TensorDataType.STRING
 }
+
+
+def _add_extended(ml_dtypes: Any) -> None:
+    """Add ml_dtypes' types to both maps (again is harmless)."""
+    for code, name in _EXTENDED.items():
+        dt = np.dtype(getattr(ml_dtypes, name))
+        _NUMPY[code] = dt
+        _NUMPY_REVERSE[dt.newbyteorder("=")] = code
+
+
+def _extended_numpy_dtype(code: int) -> np.dtype:
+    """numpy dtype of a type numpy lacks: ml_dtypes imported now (KeyError without it)."""
+    try:
+        import ml_dtypes
+    except ImportError:  # ml_dtypes ships with onnx; without it only these types are missing
+        raise KeyError(code) from None
+    _add_extended(ml_dtypes)
+    return _NUMPY[code]
 
 
 def _torch_table() -> Dict[int, Any]:
@@ -189,7 +202,7 @@ def element_size(code: int) -> int:
 def numpy_dtype(code: int) -> np.dtype:
     """Little-endian numpy dtype for ``code`` (STRING maps to ``object``)."""
     try:
-        return _NUMPY[code]
+        return _NUMPY[code] if code in _NUMPY or code not in _EXTENDED else _extended_numpy_dtype(code)
     except KeyError:
         raise ValueError(f"TensorDataType {dtype_name(code)} has no numpy dtype") from None
 
@@ -208,8 +221,11 @@ def code_from_numpy(dtype: Any) -> int:
     dt = np.dtype(dtype)
     if dt.kind in ("U", "S", "O"):
         return int(TensorDataType.STRING)
+    native = dt.newbyteorder("=")
+    if native not in _NUMPY_REVERSE and "ml_dtypes" in sys.modules:  # an array of its types exists
+        _add_extended(sys.modules["ml_dtypes"])
     try:
-        return int(_NUMPY_REVERSE[dt.newbyteorder("=")])
+        return int(_NUMPY_REVERSE[native])
     except KeyError:
         raise ValueError(f"numpy dtype {dt} has no ONNX TensorDataType") from None
 
