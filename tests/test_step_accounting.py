@@ -36,9 +36,9 @@ def test_a_step_that_sleeps_is_blocked_and_one_that_computes_is_running():
         step()
         clock.stop()
     clock.close()
-    assert len(clock.seconds) == len(clock.running) == len(clock.queued) == len(clock.blocks) == 3
+    assert len(clock.seconds) == len(clock.running) == len(clock.queued) == len(clock.switches) == 3
     slept, spun = step_accounting.parts(clock, 1), step_accounting.parts(clock, 2)
-    assert slept["voluntary_switches"] >= 1 and slept["rest_ms"] >= 25 and slept["running_ms"] < 10
+    assert slept["switches"] >= 1 and slept["rest_ms"] >= 25 and slept["running_ms"] < 10
     assert spun["running_ms"] >= 25
     assert step_accounting.causes(clock, [1, 2]) == {"running": 1, "queued": 0, "blocked": 1, "other": 0}
 
@@ -69,7 +69,7 @@ def test_a_step_sharing_its_cpu_with_two_busy_processes_is_queued():
     assert step_accounting.causes(clock, [0])["queued"] == 1
 
 
-def test_cause_is_the_largest_part_and_the_rest_is_blocked_only_after_a_voluntary_switch():
+def test_cause_is_the_largest_part_and_the_rest_is_blocked_only_where_the_thread_left_its_cpu():
     assert step_accounting.cause(1.0, 0.6, 0.3, 0) == "running"
     assert step_accounting.cause(1.0, 0.3, 0.6, 5) == "queued"
     assert step_accounting.cause(1.0, 0.2, 0.1, 1) == "blocked"  # a lock, the GIL, a pipe
@@ -77,14 +77,14 @@ def test_cause_is_the_largest_part_and_the_rest_is_blocked_only_after_a_voluntar
 
 
 def _clock_of(rows) -> StepClock:
-    """A clock holding the given (seconds, running, queued, voluntary switches) steps."""
+    """A clock holding the given (seconds, running, queued, switches) steps."""
     clock = StepClock()
     clock.close()
-    for seconds, running, queued, blocks in rows:
+    for seconds, running, queued, switches in rows:
         clock.seconds.append(seconds)
         clock.running.append(running)
         clock.queued.append(queued)
-        clock.blocks.append(blocks)
+        clock.switches.append(switches)
     clock.accounted = True
     return clock
 
@@ -100,7 +100,7 @@ def test_window_statistics_say_what_the_long_steps_spent_their_time_on():
     assert [stats[f"over_2x_median_from_switch_{c}"] for c in step_accounting.CAUSES] == [0, 1, 1, 1]
     assert stats["max_step"] == 13
     assert stats["max_running_ms"] == pytest.approx(1.0) and stats["max_rest_ms"] == pytest.approx(8.0)
-    assert stats["max_queued_ms"] == 0.0 and stats["max_voluntary_switches"] == 2
+    assert stats["max_queued_ms"] == 0.0 and stats["max_switches"] == 2
     unaccounted = StepClock()
     unaccounted.close()
     unaccounted.accounted = False

@@ -106,7 +106,7 @@ def window_statistics(times: Sequence[float], switch: Optional[int], clock: Opti
     that timed the steps (step_accounting.py), also how many of the steps over twice the
     median spent most of their time on each cause (`over_2x_median_running`, `_queued`,
     `_blocked`, `_other`; the same from the switch on and for the local count), and the parts of the longest step
-    (`max_running_ms`, `max_queued_ms`, `max_rest_ms`, `max_voluntary_switches`)."""
+    (`max_running_ms`, `max_queued_ms`, `max_rest_ms`, `max_switches`)."""
     later = sorted(times[1:]) or [0.0]
     median = later[len(later) // 2]
     longest = max(range(1, len(times)), key=times.__getitem__, default=0)
