@@ -17,6 +17,7 @@ import pathlib
 import pickle
 import subprocess
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -734,6 +735,43 @@ def test_a_worker_lowers_its_priority_and_an_idle_one_its_sessions_too(priority)
         and os.access("/proc/self/autogroup", os.W_OK)
     ):
         assert group == "19"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads a process's nice from /proc")
+def test_the_worker_lowers_its_priority_before_it_reads_the_job():
+    """Reading the job imports torch and the library (seconds of CPU): the worker's priority
+    comes on its command line and is lowered first, while no job has been written yet."""
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "ort_torch_compat.engine.compile_worker", compile_worker.BACKGROUND],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        expected = min(19, os.nice(0) + 10)
+        deadline, nice = time.monotonic() + 30, None
+        while nice != expected and time.monotonic() < deadline and worker.poll() is None:
+            with open(f"/proc/{worker.pid}/stat") as stat:
+                nice = int(stat.read().rsplit(")", 1)[1].split()[16])  # field 19 of the file
+            time.sleep(0.01)
+        assert nice == expected and worker.poll() is None  # lowered, still waiting for its job
+    finally:
+        output, _ = worker.communicate(b"", timeout=60)  # no job: it answers and exits
+    assert json.loads(output.decode().strip().splitlines()[-1])["status"] == "failed"
+
+
+def test_a_worker_refuses_an_unknown_priority():
+    done = subprocess.run(
+        [sys.executable, "-m", "ort_torch_compat.engine.compile_worker", "urgent"],
+        cwd=ROOT,
+        input=b"",
+        capture_output=True,
+        timeout=60,
+    )
+    answer = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert answer["status"] == "failed" and "unknown priority 'urgent'" in answer["reason"]
 
 
 def test_auto_traces_the_first_step_before_starting_the_worker(monkeypatch, tmp_path, inline_worker):

@@ -74,7 +74,6 @@ class CompileWorker:
             "recipe": recipe,
             "key": key,
             "root": str(pathlib.Path(root).absolute()),  # the worker runs in another directory
-            "priority": priority,
             "tensors": [t.detach().to("cpu").clone().requires_grad_(t.requires_grad) for t in tensors],
         }
         payload = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
@@ -84,7 +83,8 @@ class CompileWorker:
         environment["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # no pool of compiler subprocesses
         self._stderr = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "ort_torch_compat.engine.compile_worker"],
+            # the priority on the command line: lowered before the child imports torch to read the job
+            [sys.executable, "-m", "ort_torch_compat.engine.compile_worker", priority],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -197,11 +197,14 @@ def lower_priority(priority: str) -> None:
             pass
 
 
-def _child() -> Dict:
+def _child(priority: str) -> Dict:
+    # First: reading the job imports torch and the library (1-3 s of CPU), which at `nice` 0 in
+    # a session of its own took a core from a busy machine's training loop (the MLP's second
+    # step, 224 ms with two busy processes, two thirds of it waiting for a CPU)
+    lower_priority(priority)
     job = pickle.load(sys.stdin.buffer)  # sent by our parent through a pipe, never read from a file
     root, key = pathlib.Path(job["root"]), job["key"]
     threading.Thread(target=_watch_parent, args=(root, key), daemon=True).start()
-    lower_priority(job["priority"])
     import torch
 
     from . import compile_build, compile_key
@@ -222,7 +225,10 @@ def _child() -> Dict:
 def main() -> int:
     """Entry point of `python -m ort_torch_compat.engine.compile_worker` (started by `CompileWorker`)."""
     try:
-        result = _child()
+        priority = sys.argv[1] if len(sys.argv) > 1 else FOREGROUND
+        if priority not in _NICE:
+            raise ValueError(f"unknown priority {priority!r}: expected one of {sorted(_NICE)}")
+        result = _child(priority)
     except Exception as error:  # noqa: BLE001  (reported to the parent, which trains on eagerly)
         result = {
             "status": "failed",
