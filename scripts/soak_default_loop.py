@@ -108,7 +108,7 @@ def _loop(directory: pathlib.Path, seconds: float, steps: int, probes: Optional[
         **{
             key: value
             for key, value in statistics.items()
-            if key in kept or key.startswith(("over_2x_median_", "max_"))
+            if key in kept or key.startswith(("over_2x_median_", "over_2x_local_median", "max_"))
         },
     }
 
@@ -185,7 +185,7 @@ def _soak(directory: pathlib.Path, args: argparse.Namespace) -> dict:
         **{
             key: value
             for key, value in default.items()
-            if key.startswith(("over_2x_median", "max_")) and key != "max_ms"
+            if key.startswith(("over_2x_median", "over_2x_local_median", "max_")) and key != "max_ms"
         },
         "loss_deviation": round(_deviation(default["losses"], reference["losses"]), 3),
         "probe_steps": [int(start) for start in starts],
