@@ -112,6 +112,7 @@ def window_statistics(times: Sequence[float], switch: Optional[int], clock: Opti
     longest = max(range(1, len(times)), key=times.__getitem__, default=0)
     before = sorted(times[1 : switch - 1]) if switch else []
     over = [index for index in range(1, len(times)) if times[index] > 2 * median]
+    from_switch = None if switch is None else [index for index in over if index >= switch - 1]
     local = _over_twice_the_local_median(times)
     statistics = {
         "steps": len(times),
@@ -122,14 +123,13 @@ def window_statistics(times: Sequence[float], switch: Optional[int], clock: Opti
         "switch_ms": None if switch is None else 1000 * times[switch - 1],
         "over_2x_median": len(over),
         "before_switch_median_ms": 1000 * before[len(before) // 2] if before else None,
-        "over_2x_median_from_switch": None if switch is None else sum(index >= switch - 1 for index in over),
+        "over_2x_median_from_switch": None if from_switch is None else len(from_switch),
         "over_2x_local_median": len(local),
     }
     if clock is not None and clock.accounted and len(times) > 1:  # flat numbers: the rounds' medians are taken
         for cause, count in step_accounting.causes(clock, over).items():
             statistics[f"over_2x_median_{cause}"] = count
-        if switch is not None:
-            from_switch = [index for index in over if index >= switch - 1]
+        if from_switch is not None:
             for cause, count in step_accounting.causes(clock, from_switch).items():
                 statistics[f"over_2x_median_from_switch_{cause}"] = count
         for cause, count in step_accounting.causes(clock, local).items():

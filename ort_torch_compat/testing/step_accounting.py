@@ -22,8 +22,9 @@ helper thread that waited for a CPU shows as running or blocked there.
 
 Timing a step this way costs about 3.5 us against 0.25 us for two `perf_counter` calls
 (measured here), under 2% of the shortest steps measured here (0.2 ms); the benchmark's
-first-seconds axis and the soak script pay it for every backend alike.  Where the file is missing (not Linux, or a kernel
-without scheduler statistics) the parts are not recorded and only the step times count.
+first-seconds axis and the soak script pay it for every backend alike.  Where the file is
+missing (not Linux, or a kernel without scheduler statistics) the parts are not recorded and
+only the step times count.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def _open_schedstat() -> Optional[int]:
     except (OSError, AttributeError):
         return None
     try:
-        if len([int(field) for field in os.pread(descriptor, 128, 0).split()[:2]]) == 2:
+        if len([int(field) for field in os.pread(descriptor, 128, 0).split()[:3]]) == 3:  # as `_read` takes them
             return descriptor
     except (OSError, ValueError):
         pass
