@@ -69,7 +69,25 @@ def test_fresh_table_leaves_columns_of_older_reports_empty():
     assert "| median before switch ms | > 2x median from switch |" in lines[0]
     assert lines[2].endswith("| 3 | - | - | - | - | - | - | - | - | - |")
     assert (
-        lines[3] == "| 0 | lora | ours | 110 | 1.10 | 1.0 | 0.20 | 5.0 | 3 | 40 | 1.0 | 0.45 | 2 | - | - | - | - | - |"
+        lines[3]
+        == "| 0 | lora | ours | 110 | 1.10 | - | 1.0 | 0.20 | 5.0 | 3 | 40 | 1.0 | 0.45 | 2 | - | - | - | - | - |"
     )
     report["fresh_first_on_machine"] = True  # TorchInductor's cache started empty too
     assert "| steps in 120 s (first on machine) |" in benchmark_report.fresh_table(report, markdown=True)
+
+
+def test_fresh_table_gives_each_rounds_ratio_to_ort():
+    """The median over rounds hides their spread (+-5-10% on a noisy host): the table gives
+    ours / ORT for each interleaved round, skipping a round in which either side failed."""
+    row = {"steps": 100, "ready_s": 1.0, "median_ms": 0.2, "max_ms": 5.0}
+    ort_runs = [dict(row, steps=s) for s in (1000, 1000, 800, 900)]
+    ours_runs = [dict(row, steps=s) for s in (1050, 960, 1000)] + [{"error": "crashed"}]
+    report = {
+        "fresh_seconds": 120,
+        "fresh_summary": {"0": {"lora": {"ort": dict(row, steps=950), "ours": dict(row, steps=1000)}}},
+        "fresh_raw": {"0": {"lora": {"ort": ort_runs, "ours": ours_runs}}},
+    }
+    lines = benchmark_report.fresh_table(report, markdown=True).splitlines()
+    assert "| vs ort | vs ort per round |" in lines[0]
+    assert lines[2].startswith("| 0 | lora | ort | 950 | 1.00 | - |")
+    assert lines[3].startswith("| 0 | lora | ours | 1000 | 1.05 | 1.05 / 0.96 / 1.25 |")

@@ -148,6 +148,7 @@ def fresh_table(report: dict, markdown: bool = False) -> str:
         f"steps in {report['fresh_seconds']:.0f} s"
         + (" (first on machine)" if report.get("fresh_first_on_machine") else ""),
         "vs ort",
+        "vs ort per round",
         "ready s",
         "median step ms",
         "longest step ms",
@@ -177,6 +178,7 @@ def fresh_table(report: dict, markdown: bool = False) -> str:
                         backend,
                         f"{row['steps']:.0f}",
                         f"{row['steps'] / ort['steps']:.2f}" if ort.get("steps") else "-",
+                        _ratios_per_round(report, load, name, backend),
                         f"{row['ready_s']:.1f}",
                         f"{row['median_ms']:.2f}",
                         f"{row['max_ms']:.1f}",
@@ -195,6 +197,19 @@ def fresh_table(report: dict, markdown: bool = False) -> str:
                     ]
                 )
     return _render(columns, rows, markdown)
+
+
+def _ratios_per_round(report: dict, load: str, name: str, backend: str) -> str:
+    """The backend's step count over ORT's, round by round ("1.05 / 1.06 / 0.96"; "-" for ORT
+    itself and for reports without the rounds): the rounds are interleaved, and on a noisy host
+    one fresh process per side is a sample of about 5-10% (docs/performance.md, "A third host
+    kind"), which the median over rounds hides."""
+    raw = report.get("fresh_raw", {}).get(load, {}).get(name, {})
+    if backend == "ort":
+        return "-"
+    pairs = zip(raw.get("ort", []), raw.get(backend, []))
+    ratios = [f"{run['steps'] / base['steps']:.2f}" for base, run in pairs if base.get("steps") and "steps" in run]
+    return " / ".join(ratios) or "-"
 
 
 def _optional(row: dict, key: str, form: str) -> str:
