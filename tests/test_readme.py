@@ -73,8 +73,8 @@ SKIPPED: Dict[str, str] = {
     "fixture",
     ".venv/bin/python scripts/benchmark.py --models all --size tiny --rounds 3 "
     "--backends ort ours --background 0 2 --json tiny.json": "runs for about 70 minutes with onnxruntime-training (the benchmark is the instrument, never a test)",
-    ".venv/bin/python scripts/benchmark.py --models lora vit bert lstm --size tiny --rounds 1 --fresh-seconds 120 "
-    "--backends ort ours --json fresh.json": "runs for about 20 minutes with onnxruntime-training (the benchmark is the instrument, never a test)",
+    ".venv/bin/python scripts/benchmark.py --models lora vit bert lstm --size tiny --rounds 3 --fresh-seconds 120 "
+    "--backends ort ours --json fresh.json": "runs for about an hour with onnxruntime-training (the benchmark is the instrument, never a test)",
     ".venv/bin/python scripts/benchmark.py --background 0 2 --json bench.json": "runs for hours with onnxruntime-training (the benchmark is the instrument, never a test)",
     ".venv/bin/python scripts/measure_readme_figures.py --write --skip-quick --benchmark-json bench.json": "rewrites README and docs/performance.md from the report of the benchmark above",
 }
