@@ -66,11 +66,14 @@ def test_adamw_without_bias_correction_trains_as_onnxruntime():
 
 def test_adamw_without_bias_correction_fixture_is_onnxruntimes(ort_api):
     """The fixture above is what onnxruntime-training gives today (where it is installed): a
-    re-recording that lost correct_bias=0 would make the test above vacuous."""
+    re-recording that lost correct_bias=0 would make the test above vacuous (its first step
+    3.2x smaller).  Within the parity tolerance, not bit for bit: ORT's own kernels differ by
+    CPU (MLAS picks its code by instruction set), and on an AMD EPYC host ORT's numbers differ
+    from the fixture, recorded on an Intel one, by up to 6.6e-7."""
     config = FIXTURES / "mlp_mse_adamw_nobias_op17"
     spec = load_spec(config)
     expected = dict(np.load(config / "expected.npz", allow_pickle=False))
-    problems = compare(expected, run_scenario(ort_api, config, spec), rtol=0.0, atol=0.0)
+    problems = compare(expected, run_scenario(ort_api, config, spec), rtol=1e-4, atol=1e-5)
     assert not problems, "\n".join(problems[:40])
 
 
