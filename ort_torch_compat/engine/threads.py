@@ -18,7 +18,16 @@ torch code keeps its setting.  `n` is
 - measured ("auto", the default): the train steps try 1 thread and the caller's count
   (and half of it on larger machines), keep the fastest by the median wall time of the last
   few steps, and re-try the others from time to time, spending at most ~2% of the training
-  time on re-tries, so the choice follows the machine's load.
+  time on re-tries, so the choice follows the machine's load.  The first calls after the
+  count changes are not measured: they time the change, not the count (LoRA-tiny's compiled
+  step, 2 cores: the first call on 2 threads after 1-thread ones 0.36-0.41 ms against
+  ~0.2 ms later, the first on 1 thread after 2-thread ones 0.16-0.34 against 0.14), and
+  samples taken in alternation were all such calls: the choice flipped between the counts,
+  and once kept 2 threads (0.20 ms a step against 0.14) for 5 s.  So one count is measured
+  to the end before the other.  In the steady state the chosen count gives way where the
+  median of its last 9 steps passes the other's older median by a quarter (a median of 3
+  against it flipped the choice every few seconds on a tenth of steps 1.5x the median),
+  and the count it left is re-tried soon, not after the usual interval.
 While a compile worker runs (compiled.py; the runner's path is then `COMPILING`), the eager
 steps use one thread fewer than the caller's count, unmeasured: the worker has a core, and
 an OpenMP region that waits for a thread sharing its core stalls for a scheduler slice
@@ -46,6 +55,10 @@ import torch
 
 THREADS_ENV = "ORT_TORCH_COMPAT_THREADS"
 _SAMPLES = 3  # measurements per candidate before it counts; the median of the last ones decides
+_KEPT_SAMPLES = 9  # a count's recent measurements kept: the chosen one's median is checked at every step
+_FLIP_MARGIN = 1.25  # the chosen count gives way where its median passes the other's by this factor
+_SETTLE_CALLS = 2  # calls not measured after the count changes (and at a code path's first call)
+_REVISIT_S = 0.5  # a flip in the steady state re-tries the count it left this soon
 _RETRY_SHARE = 0.02  # at most this share of the training time goes to re-trying a slower count
 _MIN_RETRY_INTERVAL_S = 5.0
 COMPILING = "compiling"  # the runner's path while its compile worker holds a core
@@ -127,7 +140,7 @@ class ThreadPolicy:
         self.fixed = fixed
         # per (code path, ceiling): {count: recent step seconds, the newest last}
         self._times: Dict[Tuple[str, int], Dict[int, List[float]]] = {}
-        self._seen: set = set()
+        self._settling: Dict[Tuple[str, int], int] = {}  # per key: calls left before measurements count again
         self._complete: set = set()  # keys whose every candidate has _SAMPLES recent samples
         self._retry_at = 0.0
         self._chosen: Dict[Tuple[str, int], int] = {}
@@ -163,6 +176,8 @@ class ThreadPolicy:
             return self.run(function, *args, **kwargs)
         key = (path, ceiling)
         count = self._next(key, ceiling)
+        if self._last.get(key) != count:  # the calls right after a change time the change
+            self._settling[key] = _SETTLE_CALLS
         self._last[key] = count  # what the optimizer and eval steps use until a choice is made
         if count != ceiling:
             torch.set_num_threads(count)
@@ -180,15 +195,18 @@ class ThreadPolicy:
     def _next(self, key: Tuple[str, int], ceiling: int) -> int:
         if key in self._complete and time.perf_counter() < self._retry_at:
             return self._chosen[key]  # the steady state
-        times = self._times.setdefault(key, {c: [] for c in _candidates(ceiling)})
         # More than one thread only while the cores it needs look idle, from the first call
         # on: on a busy machine OpenMP barriers wait for scheduler slices (measured with two
         # busy processes on 2 cores: first steps of 0.5-0.65 s with 2 threads).
-        if key not in self._seen:  # the first call warms caches and allocators: not a fair sample
+        if key not in self._times:  # the first call warms caches and allocators: not measured
+            self._times[key] = {c: [] for c in _candidates(ceiling)}
             return ceiling if _cores_idle(ceiling - 1) else 1
+        times = self._times[key]
         if key not in self._complete:
             unmeasured = [c for c, samples in times.items() if len(samples) < _SAMPLES]
             ready = [c for c in unmeasured if c == 1 or _cores_idle(c - 1)]
+            if self._last.get(key) in ready:  # one count to the end, then the next
+                return self._last[key]
             return min(ready, key=lambda c: (len(times[c]), -c)) if ready else 1
         best = self._chosen[key]
         others = [c for c in times if c != best]
@@ -205,13 +223,14 @@ class ThreadPolicy:
         return retry
 
     def _record(self, key: Tuple[str, int], count: int, seconds: float) -> None:
-        if key not in self._seen:
-            self._seen.add(key)
+        settling = self._settling.get(key, 0)
+        if settling:
+            self._settling[key] = settling - 1
             return
         times = self._times[key]
         samples = times[count]
         samples.append(seconds)
-        if len(samples) > _SAMPLES:
+        if len(samples) > _KEPT_SAMPLES:
             del samples[0]
         if key not in self._complete:
             if any(len(s) < _SAMPLES for s in times.values()):
@@ -221,12 +240,15 @@ class ThreadPolicy:
             self._choose(key)
             if retried or self._retry_at == 0.0:
                 self._retry_at = time.perf_counter() + max(_MIN_RETRY_INTERVAL_S, _SAMPLES * seconds / _RETRY_SHARE)
-        elif median(samples) > self._rival[key]:  # the chosen count got slower than another (the load changed)
+        elif median(samples) > _FLIP_MARGIN * self._rival[key]:  # the chosen count got slower (the load changed)
             self._choose(key)
+            if self._chosen[key] != count:  # on the other's older median: re-try the count left soon
+                self._retry_at = min(self._retry_at, time.perf_counter() + _REVISIT_S)
 
     def _choose(self, key: Tuple[str, int]) -> None:
-        """Choose the count with the lowest median; remember the runner-up's median."""
-        medians = sorted((median(samples), count) for count, samples in self._times[key].items())
+        """Choose the count with the lowest median of its last _SAMPLES steps (a re-tried
+        count has no more); remember the runner-up's median."""
+        medians = sorted((median(samples[-_SAMPLES:]), count) for count, samples in self._times[key].items())
         self._chosen[key] = medians[0][1]
         self._rival[key] = medians[1][0]
 
