@@ -238,8 +238,9 @@ class ThreadPolicy:
             self._complete.add(key)
             retried = key in self._chosen and count != self._chosen[key]
             self._choose(key)
-            if retried or self._retry_at == 0.0:
-                self._retry_at = time.perf_counter() + max(_MIN_RETRY_INTERVAL_S, _SAMPLES * seconds / _RETRY_SHARE)
+            if retried or self._retry_at == 0.0:  # a re-try's burst: _SETTLE_CALLS + _SAMPLES calls
+                burst = (_SETTLE_CALLS + _SAMPLES) * seconds
+                self._retry_at = time.perf_counter() + max(_MIN_RETRY_INTERVAL_S, burst / _RETRY_SHARE)
         elif median(samples) > _FLIP_MARGIN * self._rival[key]:  # the chosen count got slower (the load changed)
             self._choose(key)
             if self._chosen[key] != count:  # on the other's older median: re-try the count left soon
