@@ -122,12 +122,12 @@ def test_the_calls_right_after_a_change_of_count_are_not_measured(two_threads, m
     monkeypatch.setattr(threads, "_MIN_RETRY_INTERVAL_S", 3600.0)
     monkeypatch.setattr(threads, "_cores_idle", lambda count: True)
     policy, used = ThreadPolicy(), []
-    body = _changing_body(used, {1: 0.002, 2: 0.006}, after_change=0.02)
+    body = _changing_body(used, {1: 0.002, 2: 0.012}, after_change=0.06)
     for _ in range(10):
         policy.run_measured("train", body)
     assert used == [2] * 5 + [1] * 5  # one count to the end, then the other
     assert policy.count() == 1
-    assert max(max(samples) for samples in policy._times[("train", 2)].values()) < 0.015  # no change timed
+    assert max(max(samples) for samples in policy._times[("train", 2)].values()) < 0.04  # no change timed
 
 
 def test_a_flip_in_the_steady_state_retries_the_count_it_left_soon(two_threads, monkeypatch):
@@ -138,12 +138,12 @@ def test_a_flip_in_the_steady_state_retries_the_count_it_left_soon(two_threads, 
     monkeypatch.setattr(threads, "_REVISIT_S", 0.0)
     monkeypatch.setattr(threads, "_cores_idle", lambda count: True)
     policy, used = ThreadPolicy(), []
-    seconds = {1: 0.002, 2: 0.006}
+    seconds = {1: 0.002, 2: 0.012}
     body = _changing_body(used, seconds, after_change=0.002)
     for _ in range(10):
         policy.run_measured("train", body)
     assert policy.count() == 1
-    seconds[1] = 0.02  # a disturbance: the single thread is slow for a moment
+    seconds[1] = 0.05  # a disturbance: the single thread is slow for a moment
     for _ in range(3):
         policy.run_measured("train", body)
     assert policy.count() == 2  # flipped on 2's older median
