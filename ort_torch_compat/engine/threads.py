@@ -26,7 +26,7 @@ torch code keeps its setting.  `n` is
   and once kept 2 threads (0.20 ms a step against 0.14) for 5 s.  So one count is measured
   to the end before the other.  In the steady state the chosen count gives way where the
   median of its last 9 steps passes the other's older median by a quarter (a median of 3
-  against it flipped the choice every few seconds on a tenth of steps 1.5x the median),
+  against it flipped the choice every few seconds where a tenth of the steps took 1.3x it),
   and the count it left is re-tried soon, not after the usual interval.
 While a compile worker runs (compiled.py; the runner's path is then `COMPILING`), the eager
 steps use one thread fewer than the caller's count, unmeasured: the worker has a core, and
