@@ -53,9 +53,11 @@ def test_an_explicit_count_applies_inside_and_the_callers_count_after(two_thread
 
 def test_the_measured_choice_follows_step_times(two_threads, monkeypatch):
     monkeypatch.setattr(threads, "_MIN_RETRY_INTERVAL_S", 0.0)
-    # re-try after one step's time, not 50: on a loaded machine a step's sleep overshoots
-    # and 50x of it outlasted the 12 steps below (the choice never got re-tried)
-    monkeypatch.setattr(threads, "_RETRY_SHARE", 1.0)
+    # re-try after 50 fast steps' time (~0.1 s): the chosen count gets fresh samples between
+    # re-tries (with one step's time, a re-try came before any, and the stale fast ones
+    # kept it chosen); the loop below waits for the change rather than counting steps, as
+    # a loaded machine's sleeps overshoot
+    monkeypatch.setattr(threads, "_RETRY_SHARE", 0.1)
     monkeypatch.setattr(threads, "_cores_idle", lambda count: True)  # whatever else this machine runs now
     policy = ThreadPolicy()
     slow_count = [2]
@@ -72,8 +74,10 @@ def test_the_measured_choice_follows_step_times(two_threads, monkeypatch):
     assert policy.count() == 1
     assert torch.get_num_threads() == 2  # restored after every call
     slow_count[0] = 1  # the machine changed: now the single thread is the slow one
-    for _ in range(20):  # a re-try (two settling calls, three samples) or the chosen count's median of 9
+    for _ in range(200):  # ~10 slow steps, then a re-try (two settling calls, three samples)
         step()
+        if policy.count() == 2:
+            break
     assert policy.count() == 2
 
 
