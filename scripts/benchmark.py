@@ -345,7 +345,7 @@ def measure_window(backend: str, directory: pathlib.Path, started: float, second
     module = api.Module(str(directory / "training_model.onnx"), state)
     optimizer = api.Optimizer(str(directory / "optimizer_model.onnx"), module)
     values = [feeds[key] if backend == "ort" else torch.from_numpy(feeds[key]) for key in module.input_names()]
-    clock, switch = StepClock(), None  # step times, and where each step's time went
+    clock, switch, switch_s = StepClock(), None, None  # step times, and where each step's time went
     times = clock.seconds
     deadline = started + seconds
     first_at = time.time() - started
@@ -356,11 +356,11 @@ def measure_window(backend: str, directory: pathlib.Path, started: float, second
         module.lazy_reset_grad()
         clock.stop()
         if switch is None and backend == "ours" and module._engine.train_runner.path == "compiled":
-            switch = len(times)
+            switch, switch_s = len(times), time.time() - started
         if time.time() >= deadline:
             break
     clock.close()
-    return {"ready_s": first_at, **window_statistics(times, switch, clock)}
+    return {"ready_s": first_at, "switch_s": switch_s, **window_statistics(times, switch, clock)}
 
 
 def _peak_rss_mb() -> float:
@@ -443,9 +443,12 @@ def summarize(results: dict) -> dict:
                 if not ok:
                     row = {"error": runs[0]["error"] if runs else "not run"}
                 else:
-                    numeric = [
-                        k for k in ok[0] if isinstance(ok[0][k], (int, float)) and not isinstance(ok[0][k], bool)
-                    ]
+                    numeric = {  # over every round: a round without a switch has no switch_s
+                        k: None
+                        for r in ok
+                        for k, v in r.items()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool)
+                    }
                     row = {
                         key: statistics.median(r[key] for r in ok if r.get(key) is not None)
                         for key in numeric

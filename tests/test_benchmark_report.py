@@ -66,11 +66,12 @@ def test_fresh_table_leaves_columns_of_older_reports_empty():
         switch_step=40, switch_ms=1.0, before_switch_median_ms=0.45, over_2x_median_from_switch=2
     )
     lines = benchmark_report.fresh_table(report, markdown=True).splitlines()
+    assert "| compiled from step | compiled from s | switch step ms |" in lines[0]
     assert "| median before switch ms | > 2x median from switch |" in lines[0]
-    assert lines[2].endswith("| 3 | - | - | - | - | - | - | - | - | - |")
+    assert lines[2].endswith("| 3 | - | - | - | - | - | - | - | - | - | - |")
     assert (
         lines[3]
-        == "| 0 | lora | ours | 110 | 1.10 | - | 1.0 | 0.20 | 5.0 | 3 | 40 | 1.0 | 0.45 | 2 | - | - | - | - | - |"
+        == "| 0 | lora | ours | 110 | 1.10 | - | 1.0 | 0.20 | 5.0 | 3 | 40 | - | 1.0 | 0.45 | 2 | - | - | - | - | - |"
     )
     report["fresh_first_on_machine"] = True  # TorchInductor's cache started empty too
     assert "| steps in 120 s (first on machine) |" in benchmark_report.fresh_table(report, markdown=True)
