@@ -4,6 +4,7 @@ the step times."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -180,6 +181,7 @@ def _policy_on_two_cores(monkeypatch, load: list) -> tuple:
     """A measured policy on a 2-core machine whose load average is `load[0]`, and a train
     step that records its thread count (two threads are the slow count)."""
     monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(threads, "_read_stat", lambda: None)  # no CPU counters: the load average decides
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (load[0], load[0], load[0]))
     monkeypatch.setattr(threads, "_LOAD_READ_INTERVAL_S", 0.0)  # read the load at every question
     monkeypatch.setattr(threads, "_finished_work", [])  # no compile worker of an earlier test counted
@@ -252,6 +254,7 @@ def test_thread_setting_sources(monkeypatch):
 def test_the_load_average_is_read_at_most_once_a_second(monkeypatch):
     """A waiting re-try asks whether cores are idle every step: the reading is reused."""
     reads = []
+    monkeypatch.setattr(threads, "_read_stat", lambda: None)
     monkeypatch.setattr(threads.os, "getloadavg", lambda: reads.append(1) or (5.0, 5.0, 5.0))
     monkeypatch.setattr(threads, "_load_reading", [float("-inf"), None, 1])
     assert not any(threads._cores_idle(1) for _ in range(100))
@@ -269,6 +272,7 @@ def test_a_finished_compile_worker_no_longer_counts_as_load(monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr(threads.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(threads, "_read_stat", lambda: None)
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (2.0, 2.0, 2.0))  # training + the worker's last minute
     monkeypatch.setattr(threads, "_load_reading", [float("-inf"), None, 1])
     monkeypatch.setattr(threads, "_finished_work", [])
@@ -279,3 +283,76 @@ def test_a_finished_compile_worker_no_longer_counts_as_load(monkeypatch):
     assert not threads._cores_idle(1)
     threads.finished_background_work(2.0)  # a short one weighs little
     assert not threads._cores_idle(1)
+
+
+def _machine(monkeypatch, load_average: float) -> dict:
+    """A 2-CPU machine whose CPU counters, clock and this process's CPU time the test moves
+    (`advance`), and whose 1-minute load average is `load_average` throughout."""
+    machine = {"now": 1000.0, "idle": 0, "total": 0, "own": 0.0}
+
+    def advance(seconds: float, others: float, own: float = 1.0) -> None:
+        """`seconds` pass with `others` cores busy with other processes and `own` with ours."""
+        ticks = 100 * seconds
+        machine["now"] += seconds
+        machine["total"] += int(round(2 * ticks))
+        machine["idle"] += int(round(max(2.0 - others - own, 0.0) * ticks))
+        machine["own"] += own * seconds
+
+    machine["advance"] = advance
+    monkeypatch.setattr(threads.time, "monotonic", lambda: machine["now"])
+    monkeypatch.setattr(threads.time, "process_time", lambda: machine["own"])
+    monkeypatch.setattr(threads, "_read_stat", lambda: (machine["idle"], machine["total"], 2))
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (load_average,) * 3)
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(threads, "_load_reading", [float("-inf"), None, 1])
+    monkeypatch.setattr(threads, "_stat_reading", [None])
+    monkeypatch.setattr(threads, "_finished_work", [])
+    return machine
+
+
+def test_idle_cores_are_what_other_processes_leave_now_not_the_load_average(monkeypatch):
+    """A busy minute that has ended (the load average still 2.6) does not keep a process on
+    one thread: the CPU counters since the last question say what the others use now.
+    Before, a fresh process after the benchmark's previous one ran its 300 steps on one
+    thread (ResNet-18-tiny 57 ms a step against 33 on two)."""
+    machine = _machine(monkeypatch, load_average=2.6)
+    threads.start_load_window()  # made with the engine: the first question has a window
+    machine["advance"](0.5, others=0.0)
+    assert threads._cores_idle(1)
+    machine["advance"](1.0, others=1.0)  # another process took the second core
+    assert not threads._cores_idle(1)
+    machine["advance"](1.0, others=0.0, own=2.0)  # our own two threads on both cores: nobody else's
+    assert threads._cores_idle(1)
+    machine["advance"](1.0, others=0.6)  # most of a core taken: not idle
+    assert not threads._cores_idle(1)
+    machine["advance"](1.0, others=0.3)  # a little: idle (the load average's own half-core margin)
+    assert threads._cores_idle(1)
+
+
+def test_a_window_too_short_for_the_counters_asks_the_load_average(monkeypatch):
+    machine = _machine(monkeypatch, load_average=2.6)
+    threads.start_load_window()
+    machine["advance"](0.1, others=0.0)  # ten ticks a CPU: too few
+    assert not threads._cores_idle(1)  # the load average's answer
+    monkeypatch.setattr(threads, "_LOAD_READ_INTERVAL_S", 0.0)
+    machine["advance"](0.5, others=0.0)  # the window still starts at the first reading
+    assert threads._cores_idle(1)
+
+
+def test_the_cpu_counters_are_parsed_from_proc_stat(tmp_path, monkeypatch):
+    stat = tmp_path / "stat"
+    stat.write_text(
+        "cpu  100 5 50 800 40 1 2 3 0 0\ncpu0 50 2 25 400 20 1 1 2 0 0\ncpu1 50 3 25 400 20 0 1 1 0 0\nintr 1 2\n"
+    )
+    monkeypatch.setattr(threads, "_STAT_PATH", str(stat))
+    assert threads._read_stat() == (840, 1001, 2)  # idle + iowait; all eight, steal included
+    stat.write_text("garbage\n")
+    assert threads._read_stat() is None
+    monkeypatch.setattr(threads, "_STAT_PATH", str(tmp_path / "missing"))
+    assert threads._read_stat() is None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="Linux's CPU counters")
+def test_this_machines_cpu_counters_read():
+    idle, total, cpus = threads._read_stat()
+    assert 0 <= idle <= total and cpus >= 1

@@ -33,12 +33,20 @@ steps use one thread fewer than the caller's count, unmeasured: the worker has a
 an OpenMP region that waits for a thread sharing its core stalls for a scheduler slice
 (measured: 200 ms steps among 0.5 ms ones on 2 cores).  For the same reason the first
 call, the first measurements and every re-try of more threads than one wait while the
-load average says the cores they need are busy (one thread meanwhile).  While the runner
+cores they need look busy (one thread meanwhile; how that is read: below).  While the runner
 times its compiled step against the other form (`TRIAL`, compiled.py), every step uses the
-caller's count, unmeasured, where the load average says its cores are idle, and one thread
+caller's count, unmeasured, where its cores look idle, and one thread
 where it does not (EfficientNet-B0-tiny's trial steps: 0.3-0.4 s on two threads with two
 busy processes on 2 cores, 0.14 s on one; with three training processes on the 2 cores, single
 steps of 3 and 10 s fell in the trials of ResNet-18 and EfficientNet-B0).
+Whether cores are idle is read from the kernel's CPU counters (/proc/stat) over the time
+since the last question (at least a quarter of a second; the first window starts when the
+engine is made), less this process's own CPU time: what other processes use now.  The
+1-minute load average, used before and still where there are no such counters, lags by a
+minute: after a busy minute had ended (the benchmark's previous process, a finished compile)
+it kept a fresh process on one thread for the whole of its 300 steps (measured on the AMD
+host: the small transformer 8.2 ms a step against 4.6 on two threads, ResNet-18-tiny 57
+against 33, ORT 4.5-6.4 and 46-52).
 Results may differ in the last bits between thread counts (reductions split differently),
 within float32 rounding; fix the count for bit-for-bit reproducible runs.
 """
@@ -91,6 +99,11 @@ _load_reading: List = [
 
 
 _LOAD_WINDOW_S = 60.0  # the 1-minute load average decays as exp(-t / 60 s)
+_STAT_PATH = "/proc/stat"
+_MIN_STAT_WINDOW_S = 0.25  # shorter windows hold too few clock ticks (100 a second per CPU)
+# the last reading of the CPU counters: (monotonic time, idle ticks, all ticks, this process's
+# CPU seconds), or None before the first
+_stat_reading: List[Optional[Tuple[float, int, int, float]]] = [None]
 _finished_work: List[Tuple[float, float]] = []  # (monotonic end, share of the load average then)
 
 
@@ -104,22 +117,73 @@ def finished_background_work(seconds: float) -> None:
     _load_reading[0] = float("-inf")  # read again at the next question
 
 
+def _read_stat() -> Optional[Tuple[int, int, int]]:
+    """(idle ticks, all ticks, CPUs) of the machine's CPUs from /proc/stat (Linux); None where
+    it cannot be read.  Idle counts waiting for I/O too; all counts stolen time (a hypervisor's
+    other guests), which is no more ours than another process's."""
+    try:
+        with open(_STAT_PATH, "rb") as stat:
+            lines = stat.read().split(b"\n")
+        fields = lines[0].split()
+        if len(fields) < 6 or fields[0] != b"cpu":
+            return None
+        ticks = [int(value) for value in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError):
+        return None
+    cpus = sum(1 for line in lines[1:] if line.startswith(b"cpu"))
+    return ticks[3] + ticks[4], sum(ticks), max(cpus, 1)
+
+
+def _others_busy(now: float) -> Optional[Tuple[float, int]]:
+    """(cores that other processes kept busy since the last reading, CPUs), from the CPU
+    counters less this process's own CPU time (all its threads; not its children's: a compile
+    worker counts as another process); None where the counters cannot be read or the window
+    is shorter than `_MIN_STAT_WINDOW_S` (the reading it started from is kept)."""
+    reading = _read_stat()
+    if reading is None:
+        return None
+    idle, total, cpus = reading
+    own = time.process_time()
+    previous = _stat_reading[0]
+    if previous is not None and now - previous[0] < _MIN_STAT_WINDOW_S:
+        return None
+    _stat_reading[0] = (now, idle, total, own)
+    if previous is None or total <= previous[2]:
+        return None
+    seconds = now - previous[0]
+    busy = (1.0 - (idle - previous[1]) / (total - previous[2])) * cpus  # cores, everyone's
+    return max(busy - (own - previous[3]) / seconds, 0.0), cpus
+
+
+def start_load_window() -> None:
+    """Read the CPU counters, so that the first question of `_cores_idle` has a window
+    (called when an engine's policy is made)."""
+    if _stat_reading[0] is None:
+        _others_busy(time.monotonic())
+
+
 def _cores_idle(count: int) -> bool:
-    """Whether `count` more cores look idle: the 1-minute load average (which counts this
-    process's running thread), less what finished compile workers of this process still
-    weigh in it, leaves them free.  True where the load cannot be read.  A busy machine asks
-    this every step while a re-try waits (2-3 us of system calls a step): the reading is
-    kept for `_LOAD_READ_INTERVAL_S`."""
+    """Whether `count` more cores look idle: this process's asking thread, plus what the
+    other processes kept busy since the last question (`_others_busy`; where that cannot be
+    read, the 1-minute load average less what finished compile workers of this process
+    still weigh in it), leaves them free.  True where neither can be read.  A busy machine
+    asks this every step while a re-try waits (2-3 us of system calls a step): the reading
+    is kept for `_LOAD_READ_INTERVAL_S`."""
     now = time.monotonic()
     if now - _load_reading[0] >= _LOAD_READ_INTERVAL_S:
-        try:
-            load = os.getloadavg()[0]
-        except OSError:
-            load = None
-        if load is not None and _finished_work:
-            _finished_work[:] = [(end, share) for end, share in _finished_work if now - end < 5 * _LOAD_WINDOW_S]
-            load -= sum(share * math.exp(-(now - end) / _LOAD_WINDOW_S) for end, share in _finished_work)
-        _load_reading[:] = [now, load, os.cpu_count() or 1]
+        measured = _others_busy(now)
+        if measured is not None:
+            others, cpus = measured
+            _load_reading[:] = [now, 1.0 + others, cpus]  # counted as the load average counts: with our thread
+        else:
+            try:
+                load = os.getloadavg()[0]
+            except OSError:
+                load = None
+            if load is not None and _finished_work:
+                _finished_work[:] = [(end, share) for end, share in _finished_work if now - end < 5 * _LOAD_WINDOW_S]
+                load -= sum(share * math.exp(-(now - end) / _LOAD_WINDOW_S) for end, share in _finished_work)
+            _load_reading[:] = [now, load, os.cpu_count() or 1]
     _, load, cores = _load_reading
     return load is None or load + count <= cores + 0.5
 
@@ -147,6 +211,8 @@ class ThreadPolicy:
         self._rival: Dict[Tuple[str, int], float] = {}  # per key: the best median of the counts not chosen
         self._last: Dict[Tuple[str, int], int] = {}  # per (code path, ceiling): the count of the last measured call
         self._path = ""  # the code path measured last (eval and optimizer steps follow its choice)
+        if fixed is None:
+            start_load_window()
 
     def count(self) -> int:
         """The count an unmeasured call runs with: the fixed one, the measured choice, or the caller's."""
