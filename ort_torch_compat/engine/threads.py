@@ -139,14 +139,14 @@ def _others_busy(now: float) -> Optional[Tuple[float, int]]:
     counters less this process's own CPU time (all its threads; not its children's: a compile
     worker counts as another process); None where the counters cannot be read or the window
     is shorter than `_MIN_STAT_WINDOW_S` (the reading it started from is kept)."""
+    previous = _stat_reading[0]
+    if previous is not None and now - previous[0] < _MIN_STAT_WINDOW_S:
+        return None  # checked first: no read of the counters that would be thrown away
     reading = _read_stat()
     if reading is None:
         return None
     idle, total, cpus = reading
     own = time.process_time()
-    previous = _stat_reading[0]
-    if previous is not None and now - previous[0] < _MIN_STAT_WINDOW_S:
-        return None
     _stat_reading[0] = (now, idle, total, own)
     if previous is None or total <= previous[2]:
         return None
