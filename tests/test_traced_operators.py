@@ -11,6 +11,7 @@ from ort_torch_compat.graph.converters.recurrent import Recurrent
 from ort_torch_compat.graph.traced_operators import (
     TRACED_OPERATOR_DECOMPOSITIONS,
     lstm_sequence,
+    onednn_linear,
     operators_in_traces,
     rms_norm,
 )
@@ -165,3 +166,59 @@ def test_rms_norm_is_the_converters_equations(axis):
     calls = [node for node in graph.graph.nodes if node.op == "call_function" and "detach" not in str(node.target)]
     assert not any("ort_torch_compat" in str(node.target) for node in calls)
     assert len(calls) <= 14  # forward 7, backward 7: autograd's backward of the forward's calls takes 17
+
+
+_ONEDNN = pytest.mark.skipif(dense_kernel._ONEDNN is None, reason="this torch has no oneDNN")
+
+
+@_ONEDNN
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(4, 16, 256), (64, 256)])
+def test_onednn_linear_is_the_eager_steps_dense_layer(bias, shape):
+    """The traced step's dense layer computes what the eager step's computes, bit for bit
+    (the same oneDNN products), and both are a float64 replay's values within float32 rounding."""
+    generator = torch.Generator().manual_seed(6)
+    x = torch.randn(*shape, generator=generator).requires_grad_()
+    weight = torch.randn(1024, shape[-1], generator=generator).requires_grad_()
+    b = torch.randn(1024, generator=generator).requires_grad_() if bias else None
+    trainable = [t for t in (x, weight, b) if t is not None]
+    assert dense_kernel._onednn_applies(x, weight, b)
+    eager = dense_kernel.linear(x, weight, b)
+    traced = onednn_linear(x, weight, b)
+    assert torch.equal(traced, eager)
+    upstream = torch.randn(eager.shape, generator=generator)
+    eager_grads = torch.autograd.grad(eager, trainable, upstream)
+    traced_grads = torch.autograd.grad(traced, trainable, upstream)
+    for e, a in zip(eager_grads, traced_grads):
+        assert torch.equal(a, e)
+    wide = [t.detach().double().requires_grad_() for t in trainable]
+    replay = torch.nn.functional.linear(wide[0], wide[1], wide[2] if bias else None)
+    torch.testing.assert_close(traced.double(), replay, rtol=1e-5, atol=1e-4)
+    for e, a in zip(torch.autograd.grad(replay, wide, upstream.double()), traced_grads):
+        torch.testing.assert_close(a.double(), e, rtol=1e-5, atol=1e-3)
+
+
+@_ONEDNN
+def test_traces_for_the_traced_step_keep_onednn_products_and_the_compilers_do_not():
+    """A trace for the compiler records aten's products (it lowers those); one for the traced
+    step records the eager step's oneDNN products, forward and backward, inlined as oneDNN's op."""
+    x, weight, b = torch.randn(4, 16, 256), torch.randn(1024, 256), torch.randn(1024)
+
+    def targets(graph):
+        return {str(node.target) for node in graph.graph.nodes if node.op == "call_function"}
+
+    with dense_kernel.plain_aten_kernels():
+        graph = make_fx(dense_kernel.linear, tracing_mode="fake")(x, weight, b)
+    assert not any("mkldnn" in t or "ort_torch_compat" in t for t in targets(graph))
+    with dense_kernel.plain_aten_kernels(), operators_in_traces(True):
+        graph = make_fx(dense_kernel.linear, tracing_mode="fake")(x, weight, b)
+    assert "ort_torch_compat.onednn_linear.default" in targets(graph)
+    trainable = [t.requires_grad_() for t in (x, weight, b)]
+    joint = make_fx(
+        lambda x, w, b, dy: [onednn_linear(x, w, b), *torch.autograd.grad(onednn_linear(x, w, b), [x, w, b], dy)],
+        decomposition_table=TRACED_OPERATOR_DECOMPOSITIONS,
+        tracing_mode="fake",
+    )(*trainable, torch.randn(4, 16, 1024))
+    assert not any("ort_torch_compat" in t for t in targets(joint))
+    products = [n for n in joint.graph.nodes if n.op == "call_function" and "_linear_pointwise" in str(n.target)]
+    assert len(products) == 4  # two forwards (one traced for the gradients), the input's and the weight's gradient

@@ -22,6 +22,7 @@ import torch
 
 from ort_torch_compat.api import CheckpointState
 from ort_torch_compat.engine import TrainingEngine, compiled, traced_step
+from ort_torch_compat.graph import dense_kernel
 from ort_torch_compat.legacy import SessionOptions
 from ort_torch_compat.testing.scenario import make_batch
 from tests.conftest import FIXTURES, assert_bad_labels_change_nothing, load_spec, train_record
@@ -135,6 +136,24 @@ class _SecondRunFails:
         if self.runs > 1:
             raise RuntimeError("Cannot access data pointer of Tensor that doesn't have storage")
         return self.function(*inputs)
+
+
+@pytest.mark.skipif(dense_kernel._ONEDNN is None, reason="this torch has no oneDNN")
+@pytest.mark.parametrize("config", ["transformer_ce_adamw_op17", "mlp_mse_adamw_op17", "frozen_ce_adamw_op17"])
+def test_dense_layers_on_onednn_stay_there_in_the_traced_step(config, always_faster, monkeypatch):
+    """Where the eager step sends dense layers to oneDNN (every one here: the size threshold
+    lowered), the traced step runs the same products (not aten's, which the compiler's trace
+    records), with the eager step's numbers."""
+    monkeypatch.setattr(dense_kernel, "ONEDNN_MIN_MACS", 0)
+    directory = FIXTURES / config
+    spec = load_spec(directory)
+    eager, traced = _engine(directory, "eager"), _engine(directory, "off")
+    expected, actual = _train(eager, spec, 3), _train(traced, spec, 3)
+    (step,) = traced.train_runner._traced.values()
+    assert "mkldnn::_linear_pointwise" in str(step.function.graph)
+    for step_expected, step_actual in zip(expected, actual):
+        for e, a in zip(step_expected, step_actual):
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
 
 
 @_static_runtime_available

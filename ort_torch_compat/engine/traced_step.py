@@ -7,7 +7,8 @@ and autograd's graph (one node per op, recorded and walked every step).  The sam
 made by TorchScript's C++ interpreter, from one graph holding the forward and its backward,
 cost 2.5-4x less on the tiny real architectures; no compiler runs, nothing is cached on
 disk, and the kernels are the eager step's own (torch's fused layer norm, softmax and
-their backward; no decompositions), so the numbers are the eager step's.
+their backward; no decompositions; oneDNN's dense-layer products where the eager step uses
+them, graph/dense_kernel.py), so the numbers are the eager step's.
 
 How: `graph/specialize.py` traces the converted module for this input signature
 (random operators kept: they draw from torch's generator as the module does; constant

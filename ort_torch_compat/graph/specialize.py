@@ -118,7 +118,8 @@ def _readable_traced_values() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _trace_environment(device: torch.device) -> Iterator[None]:
-    """Aten kernels only (no oneDNN linear, which the compiler cannot lower), no RNG drift,
+    """Aten kernels (no oneDNN linear, which the compiler cannot lower; a trace for the
+    traced step keeps it as a custom operator, see dense_kernel.py), no RNG drift,
     shapes computed in the graph readable (`_readable_traced_values`)."""
     devices = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices), dense_kernel.plain_aten_kernels(), _readable_traced_values():
