@@ -22,12 +22,10 @@ where its fixed cost is amortized (and, on AMD, its faster GEMM wins).
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-
-from . import traced_operators
 
 ONEDNN_MIN_MACS = 1 << 22  # rows * in * out below which MKL's small-GEMM path is cheaper (see above)
 _ONEDNN = (
@@ -37,17 +35,39 @@ _ONEDNN = (
 )
 
 
+def onednn_product(a: torch.Tensor, b_t: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """a @ b_t^T (+ bias) by oneDNN's matmul; `a` may have leading batch dims, views are fine."""
+    return _ONEDNN(a, b_t, bias, "none", [], "")
+
+
+def onednn_linear_backward(ctx, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
+    """The dense layer's backward on oneDNN (`ctx` saved x and weight, and says `has_bias`):
+    the input's gradient grad @ weight, the weight's grad^T @ x over all rows, the bias's the
+    rows' sum.  Shared by the eager step's autograd Function and the traced step's operator
+    (graph/traced_operators.py), so both compute the same products."""
+    x, weight = ctx.saved_tensors
+    grad_x = grad_weight = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        grad_x = onednn_product(grad, weight.t())
+    flat_grad = grad.reshape(-1, grad.shape[-1])
+    if ctx.needs_input_grad[1]:
+        grad_weight = onednn_product(flat_grad.t(), x.reshape(-1, x.shape[-1]).t())
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        grad_bias = flat_grad.sum(0)
+    return grad_x, grad_weight, grad_bias
+
+
 class _OneDnnLinear(torch.autograd.Function):
-    """`traced_operators.onednn_linear` as an autograd Function: the same products, ~30 us
-    less per forward and backward than a custom operator's dispatch (eager steps)."""
+    """The dense layer on oneDNN with autograd (eager steps): ~30 us less per forward and
+    backward than `traced_operators.onednn_linear`'s custom-operator dispatch."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return traced_operators.onednn_product(x, weight, bias)
+        return onednn_product(x, weight, bias)
 
-    backward = staticmethod(traced_operators.onednn_linear_backward)
+    backward = staticmethod(onednn_linear_backward)
 
 
 _plain_aten = False
@@ -92,6 +112,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     if _onednn_applies(x, weight, bias):
         if not _plain_aten:
             return _OneDnnLinear.apply(x, weight, bias)
+        from . import traced_operators  # registers its operators: only where a trace needs them
+
         if traced_operators.operators_in_use():  # a trace for the traced step: the eager step's kernel
             return traced_operators.onednn_linear(x, weight, bias)
     if x.dim() > 2 and weight.dim() == 2:

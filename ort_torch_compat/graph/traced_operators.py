@@ -27,8 +27,9 @@ backward of the converters' aten calls takes more calls than the derivative need
   matmul (graph/dense_kernel.py: on AMD's EPYC, MKL's GEMM is half as fast), but the trace
   records aten's products for the compiler; without this operator the traced step ran them
   on MKL: the hand-made transformer's (4x16 tokens, width 256) traced step took 9.9-11.3 ms
-  against its eager step's 7.1-9.1 and was refused; with it, 4.4 ms.  Its backward is the
-  eager step's (`_OneDnnLinear` shares it): the same products, bit for bit.
+  against its eager step's 7.1-9.1 and was refused; with it, 4.4 ms.  Its forward and
+  backward are the eager step's (`dense_kernel.onednn_product`, `onednn_linear_backward`):
+  the same products, bit for bit.
 
 Float32 rounding apart, values and gradients are autograd's of the converters' aten calls
 (tests/test_traced_operators.py compares them in float64).
@@ -50,6 +51,8 @@ import threading
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
+
+from .dense_kernel import onednn_linear_backward, onednn_product
 
 _tracing = threading.local()  # whether this thread's trace uses the operators (`operators_in_traces`)
 
@@ -252,11 +255,6 @@ rms_norm.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup_con
 
 
 # ---- oneDNN's dense layer ------------------------------------------------------------------
-def onednn_product(a: torch.Tensor, b_t: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """a @ b_t^T (+ bias) by oneDNN's matmul; `a` may have leading batch dims, views are fine."""
-    return torch.ops.mkldnn._linear_pointwise(a, b_t, bias, "none", [], "")
-
-
 @torch.library.custom_op(
     "ort_torch_compat::onednn_linear",
     mutates_args=(),
@@ -277,21 +275,6 @@ def _onednn_linear_setup_context(ctx, inputs, output) -> None:
     x, weight, bias = inputs
     ctx.save_for_backward(x, weight)
     ctx.has_bias = bias is not None
-
-
-def onednn_linear_backward(ctx, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
-    """The input's gradient grad @ weight, the weight's grad^T @ x over all rows, the bias's
-    the rows' sum: the products oneDNN's, as in the eager step."""
-    x, weight = ctx.saved_tensors
-    grad_x = grad_weight = grad_bias = None
-    if ctx.needs_input_grad[0]:
-        grad_x = onednn_product(grad, weight.t())
-    flat_grad = grad.reshape(-1, grad.shape[-1])
-    if ctx.needs_input_grad[1]:
-        grad_weight = onednn_product(flat_grad.t(), x.reshape(-1, x.shape[-1]).t())
-    if ctx.has_bias and ctx.needs_input_grad[2]:
-        grad_bias = flat_grad.sum(0)
-    return grad_x, grad_weight, grad_bias
 
 
 onednn_linear.register_autograd(onednn_linear_backward, setup_context=_onednn_linear_setup_context)
