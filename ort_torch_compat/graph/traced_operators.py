@@ -27,7 +27,7 @@ backward of the converters' aten calls takes more calls than the derivative need
   matmul (graph/dense_kernel.py: on AMD's EPYC, MKL's GEMM is half as fast), but the trace
   records aten's products for the compiler; without this operator the traced step ran them
   on MKL: the hand-made transformer's (4x16 tokens, width 256) traced step took 9.9-11.3 ms
-  against its eager step's 7.1-9.1 and was refused; with it, 4.4 ms.  Its forward and
+  against its eager step's 7.1-9.1 and was refused; with it, 4.4-5.3 ms.  Its forward and
   backward are the eager step's (`dense_kernel.onednn_product`, `onednn_linear_backward`):
   the same products, bit for bit.
 
