@@ -838,3 +838,25 @@ def test_pooled_intermediates_for_small_graphs_and_a_retry_without_when_the_plan
     with pytest.raises(RuntimeError, match="wrapped"):
         compile_build._build_library(tmp_path, "step", small, [torch.ones(1)])
     assert calls == [True]
+
+
+@pytest.mark.skipif(compiled.cxx_compiler() is None, reason="needs a C++ compiler")
+def test_kernels_too_small_to_split_over_threads_get_no_openmp_region(tmp_path):
+    """With `cpp.dynamic_threads` Inductor gives every C++ kernel an OpenMP parallel region,
+    and libgomp ends each region's barrier with a futex system call even on one thread
+    (LoRA-tiny's compiled step: 44 a step, a fifth of its time).  The build keeps regions
+    for kernels with work enough to split: here a sum over 8 elements gets none, an
+    elementwise loop over 65536 one."""
+    from torch._inductor.codegen.cpp import CppKernel
+
+    if "decide_parallel_depth" not in CppKernel.__dict__:
+        pytest.skip("this torch's C++ backend decides parallel loops elsewhere")
+
+    def step(small, large):
+        return ((large.sin() * small.sin().sum()).cos(),)
+
+    small, large = torch.randn(8), torch.randn(1 << 16)
+    compile_build._build_library(tmp_path, "step", fx.symbolic_trace(step), [small, large])
+    kernels = "".join(path.read_text() for path in tmp_path.glob("*.kernel.cpp"))
+    assert kernels and kernels.count("#pragma omp parallel") == 1, kernels
+    assert CppKernel.__dict__["decide_parallel_depth"].__name__ == "decide_parallel_depth"  # restored

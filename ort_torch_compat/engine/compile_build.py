@@ -13,11 +13,12 @@ nothing: their time is in the same oneDNN kernels either way).  Runs in the comp
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import pathlib
 import shutil
 import time
-from typing import TYPE_CHECKING, Dict, Sequence
+from typing import TYPE_CHECKING, Dict, Iterator, Sequence
 
 import torch
 from torch import fx
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 _TIMED_ROUNDS = 5  # eager/compiled step pairs timed after a cold compile
 _POOLED_NODES = 1500  # graphs up to this size get pooled intermediates (see _build_library)
+_PARALLEL_ELEMENTS = 32768  # a kernel is split over threads from this much work on (ATen's grain size)
 
 
 def _compile(spec: "SpecializedGraph", tensors: Sequence[torch.Tensor], directory: pathlib.Path) -> Dict:
@@ -79,8 +81,13 @@ def _build_library(directory: pathlib.Path, name: str, graph: fx.GraphModule, ex
     bit-identical).  Outputs keep their own storage.  Larger graphs (the convolutional
     networks: 2000-5000 nodes, their time in large kernels) gain nothing from it, and
     Inductor's planner recurses past Python's limit on EfficientNet-B0 (5317 nodes); where
-    it does so on a smaller graph, the library is built again without pooling."""
+    it does so on a smaller graph, the library is built again without pooling.
+
+    Kernels run on the thread count of the call (`cpp.dynamic_threads`); one is split over
+    threads only from `_PARALLEL_ELEMENTS` of work on, the smaller ones have no OpenMP
+    region at all (`_small_kernels_serial`)."""
     import torch._inductor
+    import torch._inductor.config as inductor_config
 
     before = set(directory.glob("*.wrapper.json"))
     threads = max(torch.get_num_threads(), os.cpu_count() or 1)
@@ -91,16 +98,54 @@ def _build_library(directory: pathlib.Path, name: str, graph: fx.GraphModule, ex
         "memory_planning": len(graph.graph.nodes) <= _POOLED_NODES,
         "memory_pool": "intermediates",
     }
-    try:
-        torch._inductor.aot_compile(graph, tuple(example_inputs), options=options)
-    except Exception as error:  # noqa: BLE001  (Inductor wraps it: InductorError(RecursionError))
-        if not options["memory_planning"] or not _caused_by(error, RecursionError):
-            raise
-        torch._inductor.aot_compile(graph, tuple(example_inputs), options={**options, "memory_planning": False})
+    if hasattr(inductor_config.cpp, "min_chunk_size"):
+        options["cpp.min_chunk_size"] = max(1, _PARALLEL_ELEMENTS // threads)
+    with _small_kernels_serial():
+        try:
+            torch._inductor.aot_compile(graph, tuple(example_inputs), options=options)
+        except Exception as error:  # noqa: BLE001  (Inductor wraps it: InductorError(RecursionError))
+            if not options["memory_planning"] or not _caused_by(error, RecursionError):
+                raise
+            torch._inductor.aot_compile(graph, tuple(example_inputs), options={**options, "memory_planning": False})
     # Operators without a C shim run through a proxy executor described by a JSON file,
     # which the runner looks for next to the library, under the library's name.
     for extern in set(directory.glob("*.wrapper.json")) - before:
         shutil.copyfile(extern, directory / f"{name}.json")
+
+
+@contextlib.contextmanager
+def _small_kernels_serial() -> Iterator[None]:
+    """Inductor's C++ kernels, built with `cpp.dynamic_threads` (the thread count read at
+    run time, so the thread policy's choice holds), each get an OpenMP parallel region
+    however little work they do: Inductor lets the OpenMP runtime run small ones on one
+    thread.  But libgomp's team barrier ends with a futex wake even for a team of one,
+    so every kernel cost a system call or two a step: LoRA-tiny's compiled step made 44
+    a step, and the library call took 0.124 ms on one thread against 0.095 without the
+    regions (docs/performance.md).  Here a kernel gets its parallel region only where its
+    work reaches `cpp.min_chunk_size` per thread, as without dynamic threads: Inductor's
+    own decision, taken with `cpp.dynamic_threads` off (the regions it keeps still read
+    the thread count at run time).  A torch without that method compiles as it would."""
+    import torch._inductor.config as inductor_config
+
+    try:
+        from torch._inductor.codegen.cpp import CppKernel
+    except ImportError:  # pragma: no cover  (a torch whose C++ backend is laid out otherwise)
+        yield
+        return
+    decide = CppKernel.__dict__.get("decide_parallel_depth")
+    if decide is None:  # pragma: no cover
+        yield
+        return
+
+    def decide_without_dynamic_threads(self, *args, **kwargs):
+        with inductor_config.patch({"cpp.dynamic_threads": False}):
+            return decide(self, *args, **kwargs)
+
+    CppKernel.decide_parallel_depth = decide_without_dynamic_threads
+    try:
+        yield
+    finally:
+        CppKernel.decide_parallel_depth = decide
 
 
 def _caused_by(error: BaseException, kind: type) -> bool:
