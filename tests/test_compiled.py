@@ -841,7 +841,7 @@ def test_pooled_intermediates_for_small_graphs_and_a_retry_without_when_the_plan
 
 
 @pytest.mark.skipif(compiled.cxx_compiler() is None, reason="needs a C++ compiler")
-def test_kernels_too_small_to_split_over_threads_get_no_openmp_region(tmp_path):
+def test_kernels_too_small_to_split_over_threads_get_no_openmp_region(monkeypatch, tmp_path):
     """With `cpp.dynamic_threads` Inductor gives every C++ kernel an OpenMP parallel region,
     and libgomp ends each region's barrier with a futex system call even on one thread
     (LoRA-tiny's compiled step: 44 a step, a fifth of its time).  The build keeps regions
@@ -855,6 +855,7 @@ def test_kernels_too_small_to_split_over_threads_get_no_openmp_region(tmp_path):
     def step(small, large):
         return ((large.sin() * small.sin().sum()).cos(),)
 
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)  # built for >= 4 threads, also on a 1-CPU machine
     small, large = torch.randn(8), torch.randn(1 << 16)
     compile_build._build_library(tmp_path, "step", fx.symbolic_trace(step), [small, large])
     kernels = "".join(path.read_text() for path in tmp_path.glob("*.kernel.cpp"))

@@ -120,8 +120,8 @@ def _small_kernels_serial() -> Iterator[None]:
     however little work they do: Inductor lets the OpenMP runtime run small ones on one
     thread.  But libgomp's team barrier ends with a futex wake even for a team of one,
     so every kernel cost a system call or two a step: LoRA-tiny's compiled step made 44
-    a step, and the library call took 0.124 ms on one thread against 0.095 without the
-    regions (docs/performance.md).  Here a kernel gets its parallel region only where its
+    a step, and its whole loop step took 0.126-0.140 ms on one thread against 0.100-0.101
+    without the regions (docs/performance.md).  Here a kernel gets its parallel region only where its
     work reaches `cpp.min_chunk_size` per thread, as without dynamic threads: Inductor's
     own decision, taken with `cpp.dynamic_threads` off (the regions it keeps still read
     the thread count at run time).  A torch without that method compiles as it would."""
