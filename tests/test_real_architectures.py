@@ -130,9 +130,14 @@ def test_real_architecture_matches_its_anchor(case, artifacts):
         if second is not None:
             verdict = judge(actual, anchor, f64, spec, perturbed, second)
         if verdict["parity"] != "pass" and not spec.get("well_conditioned", True):
-            # still off: held to how far rounding-sized moves carry step 1 (parity_rule.step1_chaos)
-            probes = [_step1_replay(artifacts(case), spec, seed) for seed in STEP1_PROBE_SEEDS]
-            verdict = judge(actual, anchor, f64, spec, perturbed, second, step1_probes=(replay, probes))
+            # still off: held to how far rounding-sized moves carry step 1 (parity_rule.step1_chaos);
+            # the bound only grows with each probe, so the first that admits ours decides
+            probes = []
+            for seed in STEP1_PROBE_SEEDS:
+                probes.append(_step1_replay(artifacts(case), spec, seed))
+                verdict = judge(actual, anchor, f64, spec, perturbed, second, step1_probes=(replay, probes))
+                if verdict["parity"] == "pass":
+                    break
     assert verdict["parity"] == "pass", "\n".join(verdict["problems"][:20]) + f"\n{verdict}"
 
 
