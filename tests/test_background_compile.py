@@ -100,6 +100,29 @@ def test_a_run_switches_to_the_compiled_step_midway_with_eager_numbers(monkeypat
     assert [e.name for e in entries] == [auto.train_runner._key]  # one entry, no scratch left
 
 
+def test_a_worker_compiles_nothing_before_it_is_told_to_go(tmp_path):
+    """The worker rebuilds the module and imports the compiler as soon as it has the job,
+    then waits for "go" (its parent is tracing the first step meanwhile).  A parent whose
+    pipe ends before that gets no compile: a failed answer, nothing in the cache."""
+    from ort_torch_compat.engine import compile_key, compile_worker
+
+    engine = _engine("eager")
+    tensors = engine.train_tensors(_feeds(engine, 1))
+    key = compile_key.graph_key(engine.train_module, tensors)
+    worker = compile_worker.CompileWorker(engine.train_runner.recipe, tensors, key, tmp_path, compile_worker.BACKGROUND)
+    try:
+        worker._go_given.set()  # the writer ends after the job, without a "go" line
+        worker._writer.join(timeout=60)
+        worker.process.stdin.close()
+        result = worker.wait()
+    finally:
+        worker.stop()
+    assert result["status"] == "failed" and "no 'go'" in result["reason"], result
+    assert not list(tmp_path.iterdir())  # no entry, no scratch directory
+    with pytest.raises(ValueError, match="unknown priority"):
+        worker.go("urgent")
+
+
 _TRAINER = textwrap.dedent("""
     import sys, time
     import torch

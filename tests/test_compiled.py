@@ -554,15 +554,22 @@ def test_without_a_compiler_steps_run_eagerly_with_one_warning(monkeypatch, tmp_
 
 
 class _InlineWorker:
-    """The compile worker's job run in this process (so monkeypatches reach it); `done()`
-    answers False `pending` times first, as a worker that is still compiling would."""
+    """The compile worker's job run in this process (so monkeypatches reach it) when told to
+    `go` (`started` lists the priorities it was given then); `done()` answers False
+    `pending` times first, as a worker that is still compiling would."""
 
     pending = 0
     started: list = []
 
     def __init__(self, recipe, tensors, key, root, priority):
-        _InlineWorker.started.append(priority)
+        self._job = (recipe, tensors, key, root)
         self._polls = _InlineWorker.pending
+        self._result = None
+
+    def go(self, priority):
+        assert self._result is None, "told to go twice"
+        _InlineWorker.started.append(priority)
+        recipe, tensors, key, root = self._job
         self._result = compile_build.build_entry(recipe.build(), tensors, key, root)
 
     def done(self):
@@ -708,15 +715,21 @@ def test_the_worker_of_a_step_tracing_does_not_speed_up_compiles_at_the_lowest_p
 
 
 @pytest.mark.skipif(not hasattr(os, "nice"), reason="POSIX priorities")
-@pytest.mark.parametrize("priority", [compile_worker.BACKGROUND, compile_worker.IDLE])
-def test_a_worker_lowers_its_priority_and_an_idle_one_its_sessions_too(priority):
+@pytest.mark.parametrize("priority, started", [(compile_worker.BACKGROUND, None), (compile_worker.IDLE, None), (compile_worker.IDLE, compile_worker.BACKGROUND)])
+def test_a_worker_lowers_its_priority_and_an_idle_one_its_sessions_too(priority, started):
     """The worker leads its own session; with the kernel's per-session scheduling groups
     (autogroups) only the group's nice ranks it against other sessions, so IDLE sets that
-    too (where the kernel has them), BACKGROUND only its own nice."""
+    too (where the kernel has them), BACKGROUND only its own nice.  A worker started at
+    BACKGROUND and told to go at IDLE ends where one started at IDLE does."""
     probe = (
         "import os, sys\n"
         "from ort_torch_compat.engine import compile_worker\n"
-        "compile_worker.lower_priority(sys.argv[1])\n"
+        + (
+            f"compile_worker.lower_priority({started!r})\ncompile_worker.lower_priority(sys.argv[1], {started!r})\n"
+            if started
+            else "compile_worker.lower_priority(sys.argv[1])\n"
+        )
+        +
         "group = open('/proc/self/autogroup').read().split()[-1] if os.path.exists('/proc/self/autogroup') else '-'\n"
         "print(os.nice(0), group)\n"
     )

@@ -37,6 +37,32 @@ _POOLED_NODES = 1500  # graphs up to this size get pooled intermediates (see _bu
 _PARALLEL_ELEMENTS = 32768  # a kernel is split over threads from this much work on (ATen's grain size)
 
 
+# What compiling imports, heavy and lazily (several seconds): a compile worker imports them
+# while its parent still traces the first step (`import_compiler`).
+_COMPILER_MODULES = (
+    "torch._inductor.lowering",
+    "torch._inductor.decomposition",
+    "torch._inductor.compile_fx",
+    "torch._inductor.scheduler",
+    "torch._inductor.codecache",
+    "torch._inductor.cpp_builder",
+    "torch._inductor.codegen.cpp",
+    "torch._inductor.codegen.cpp_wrapper_cpu",
+    "torch._functorch.aot_autograd",
+)
+
+
+def import_compiler() -> None:
+    """Import TorchInductor's modules that compiling needs (those this torch has)."""
+    import importlib
+
+    for name in _COMPILER_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # another torch lays them out otherwise: imported when used
+            pass
+
+
 def _compile(spec: "SpecializedGraph", tensors: Sequence[torch.Tensor], directory: pathlib.Path) -> Dict:
     """One AOTInductor library for the whole train step of `spec` (forward, backward of output
     0 seeded with ones, and the gradients) in `directory`; returns the layout.
@@ -85,7 +111,11 @@ def _build_library(directory: pathlib.Path, name: str, graph: fx.GraphModule, ex
 
     Kernels run on the thread count of the call (`cpp.dynamic_threads`); one is split over
     threads only from `_PARALLEL_ELEMENTS` of work on, the smaller ones have no OpenMP
-    region at all (`_small_kernels_serial`)."""
+    region at all (`_small_kernels_serial`).
+
+    Without line tables (`aot_inductor.enable_line_tables`, g++'s `-g1`): nothing reads
+    the library's debug information, and writing it took 1.5-2 s of the wrapper's 9.4-10 s
+    (LoRA-tiny, AVX2-only AMD host, docs/performance.md)."""
     import torch._inductor
     import torch._inductor.config as inductor_config
 
@@ -100,6 +130,8 @@ def _build_library(directory: pathlib.Path, name: str, graph: fx.GraphModule, ex
     }
     if hasattr(inductor_config.cpp, "min_chunk_size"):
         options["cpp.min_chunk_size"] = max(1, _PARALLEL_ELEMENTS // threads)
+    if hasattr(inductor_config.aot_inductor, "enable_line_tables"):
+        options["aot_inductor.enable_line_tables"] = False  # no `-g1`: see above
     with _small_kernels_serial():
         try:
             torch._inductor.aot_compile(graph, tuple(example_inputs), options=options)

@@ -24,9 +24,15 @@ The parent sends the child, through its stdin, a pickle it made itself (never on
 a file): the `ModuleRecipe` of the train module (the ONNX model and build flags, because a
 converted module holds closures that do not pickle), the example tensors of the first batch
 and the cache key.  The child rebuilds the module, checks that it hashes to the same key
-(the same graph), then specializes, compiles, checks and times it (`compile_build.build_entry`)
-and publishes the entry atomically (`compile_cache.publish`).  It answers with one JSON line
-on stdout.  The parent polls it between train steps (`CompileWorker.done`, one `waitpid`).
+(the same graph) and imports the compiler's modules; then it waits for a second message,
+"go" with its final priority (`CompileWorker.go`), and specializes, compiles, checks and
+times the module (`compile_build.build_entry`) and publishes the entry atomically
+(`compile_cache.publish`).  It answers with one JSON line on stdout.  The parent polls it
+between train steps (`CompileWorker.done`, one `waitpid`).  Why two messages: under "auto"
+the parent starts the worker at the first step and then traces that step, which decides the
+priority (`IDLE` or `BACKGROUND`); the child's start-up (importing torch, the library and
+TorchInductor, rebuilding the module: 6-7 s of one core on the AVX2-only AMD host) runs
+meanwhile, beside the trace, instead of after it.
 
 Nothing outlives the parent: the child leads its own process group (the C++ compiler runs
 in it), the parent kills that group and removes the child's scratch directory at exit
@@ -95,8 +101,11 @@ class CompileWorker:
             start_new_session=True,
         )
         self._result: Optional[Dict] = None
+        self._go: List[bytes] = []  # the "go" line, once `go` has been called
+        self._go_given = threading.Event()
         # Writing blocks until the child has imported torch and reads: a thread does it (it
-        # holds no GIL while blocked).  stdin then stays open: its end tells the child we are gone.
+        # holds no GIL while blocked), then the "go" line when it is given.  stdin then stays
+        # open: its end tells the child we are gone.
         self._writer = threading.Thread(
             target=self._send, args=(payload,), daemon=True, name="ort_torch_compat compile job"
         )
@@ -106,8 +115,21 @@ class CompileWorker:
         try:
             self.process.stdin.write(payload)
             self.process.stdin.flush()
+            self._go_given.wait()
+            if self._go:
+                self.process.stdin.write(self._go[0])
+                self.process.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
             pass  # the child died first: its exit status and stderr say why
+
+    def go(self, priority: str) -> None:
+        """Let the child compile, at `priority` (it lowers its own, never raises it); the
+        first call counts (engines of one graph share one worker)."""
+        if priority not in _NICE:
+            raise ValueError(f"unknown priority {priority!r}: expected one of {sorted(_NICE)}")
+        if not self._go_given.is_set():
+            self._go.append(f"go {priority}\n".encode("ascii"))
+            self._go_given.set()
 
     def done(self) -> bool:
         """Whether the child has finished (cheap: one waitpid)."""
@@ -121,6 +143,7 @@ class CompileWorker:
     def result(self) -> Dict:
         """{"status": "compiled" | "refused" | "failed", "reason": ...} of a finished child."""
         if self._result is None:
+            self._go_given.set()  # a writer still waiting for "go" ends
             self._writer.join(timeout=5)
             output = self.process.stdout.read().decode("utf-8", "replace").strip().splitlines()
             try:
@@ -149,6 +172,7 @@ class CompileWorker:
 
     def _close(self) -> None:
         _live.pop(self.key, None)
+        self._go_given.set()
         for stream in (self.process.stdin, self.process.stdout, self._stderr):
             try:
                 stream.close()
@@ -159,8 +183,8 @@ class CompileWorker:
 def start(
     recipe: "ModuleRecipe", tensors: Sequence["torch.Tensor"], key: str, root: pathlib.Path, priority: str
 ) -> CompileWorker:
-    """The worker compiling `key` at `priority` (FOREGROUND, BACKGROUND or IDLE); one already
-    running in this process for `key` is shared."""
+    """The worker compiling `key`, started at `priority` (FOREGROUND, BACKGROUND or IDLE):
+    it compiles once told to `go`; one already running in this process for `key` is shared."""
     if key not in _live:
         _live[key] = CompileWorker(recipe, tensors, key, root, priority)
     return _live[key]
@@ -184,11 +208,12 @@ def _watch_parent(root: pathlib.Path, key: str) -> None:
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
-def lower_priority(priority: str) -> None:
-    """Lower this process's priority to `priority`'s `nice`; for `IDLE` its session's
-    scheduling group's too, where the kernel has such groups (else nothing more to do)."""
-    if _NICE[priority]:
-        os.nice(_NICE[priority])
+def lower_priority(priority: str, current: str = FOREGROUND) -> None:
+    """Lower this process's priority from `current`'s to `priority`'s `nice` (never raise
+    it); for `IDLE` its session's scheduling group's too, where the kernel has such groups
+    (else nothing more to do)."""
+    if _NICE[priority] > _NICE[current]:
+        os.nice(_NICE[priority] - _NICE[current])
     if priority == IDLE:
         try:
             with open(_AUTOGROUP, "w") as group:
@@ -204,7 +229,6 @@ def _child(priority: str) -> Dict:
     lower_priority(priority)
     job = pickle.load(sys.stdin.buffer)  # sent by our parent through a pipe, never read from a file
     root, key = pathlib.Path(job["root"]), job["key"]
-    threading.Thread(target=_watch_parent, args=(root, key), daemon=True).start()
     import torch
 
     from . import compile_build, compile_key
@@ -219,6 +243,13 @@ def _child(priority: str) -> Dict:
             "reason": f"the compile worker built another graph (key {rebuilt_key}, "
             f"expected {key}): the library's files changed while training ran?",
         }
+    compile_build.import_compiler()
+    words = sys.stdin.buffer.readline().decode("ascii", "replace").split()
+    if len(words) != 2 or words[0] != "go" or words[1] not in _NICE:
+        # end of file: the parent is gone (nothing was written yet)
+        return {"status": "failed", "reason": f"the compile worker got no 'go' (got {' '.join(words)[:40]!r})"}
+    lower_priority(words[1], priority)
+    threading.Thread(target=_watch_parent, args=(root, key), daemon=True).start()
     return compile_build.build_entry(module, tensors, key, root)
 
 
@@ -234,8 +265,11 @@ def main() -> int:
             "status": "failed",
             "reason": f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}",
         }
-    sys.stdout.write(json.dumps(result) + "\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.flush()
+    except OSError:  # the parent is gone: no one reads the answer
+        pass
     return 0
 
 

@@ -206,10 +206,20 @@ class TrainStepRunner:
         if self._state == "first":
             if self._first(tensors):  # no cache entry: compile
                 if self.setting == "auto":
-                    # The traced step first, then the worker: started together, they shared
-                    # the cores through the trace (LSTM-tiny's first step 3.0-4.5 s, 2.1 s alone).
-                    step = self._traced_for(feeds, tensors)
+                    # The worker first: its start-up (imports, the module rebuilt) runs beside
+                    # the trace; it compiles once the traced step has set its priority.  (The
+                    # whole compile beside the trace had slowed it: LSTM-tiny's first step
+                    # 3.0-4.5 s against 2.1 s alone.)
                     self._start(tensors)
+                    threads_before = torch.get_num_threads()
+                    if self._state == "compiling" and threads_before > 1:  # as in every step while
+                        torch.set_num_threads(threads_before - 1)  # the worker holds a core (threads.py)
+                    try:
+                        step = self._traced_for(feeds, tensors)
+                    finally:
+                        torch.set_num_threads(threads_before)
+                        if self._state == "compiling":
+                            self._worker.go(self._worker_priority())
                     return step
                 self._start(tensors)  # "on": waited for, so nothing to trace first
             elif self._state == "trial":
@@ -369,14 +379,20 @@ class TrainStepRunner:
         log.info("%s: compiling the train step (cached in %s)", self.label, root)
         self._started = time.perf_counter()
         try:
-            self._worker = compile_worker.start(self.recipe, tensors, self._key, root, self._worker_priority())
+            self._worker = compile_worker.start(self.recipe, tensors, self._key, root, self._start_priority())
         except (OSError, ValueError, TypeError, AttributeError, RuntimeError) as error:  # pickling, spawning
             _report(self.label, f"cannot start the compile worker ({type(error).__name__}: {error})")
             return
         self._state = "compiling"
         if self.setting == "on":
+            self._worker.go(compile_worker.FOREGROUND)
             self._worker.wait()
             self._finish()
+
+    def _start_priority(self) -> str:
+        """The worker's priority while it starts up: FOREGROUND under "on" (waited for), else
+        BACKGROUND, lowered at `go` where the traced step says IDLE."""
+        return compile_worker.FOREGROUND if self.setting == "on" else compile_worker.BACKGROUND
 
     def _worker_priority(self) -> str:
         """ "on" waits for the worker (FOREGROUND); under "auto" it compiles beside the training
