@@ -11,9 +11,9 @@ check and time; compiled_step.py: run the libraries), and a warm start stays che
 When (session options config entry "ort_torch_compat.compile" or ORT_TORCH_COMPAT_COMPILE):
 "eager" (every step through the converted module with autograd); "off" (no compiler: the
 steps run traced, see below); "on" (compile at the first train step, which waits for it);
-"auto", the default: use a cached compilation from the first step on, otherwise start
-compiling at the first step (once its traced step is built) in a background process
-(compile_worker.py) while the steps run traced, and switch to the compiled step between
+"auto", the default: use a cached compilation from the first step on, otherwise start a
+background process at the first step (compile_worker.py: it starts up beside the trace and
+compiles once the traced step is built) while the steps run traced, and switch to the compiled step between
 two steps once it is ready, checked and faster (the worker times it on one thread; where
 it was not faster there and the machine has more cores, both forms are timed in the
 training loop first: `_trial_step`).
