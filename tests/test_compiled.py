@@ -715,7 +715,10 @@ def test_the_worker_of_a_step_tracing_does_not_speed_up_compiles_at_the_lowest_p
 
 
 @pytest.mark.skipif(not hasattr(os, "nice"), reason="POSIX priorities")
-@pytest.mark.parametrize("priority, started", [(compile_worker.BACKGROUND, None), (compile_worker.IDLE, None), (compile_worker.IDLE, compile_worker.BACKGROUND)])
+@pytest.mark.parametrize(
+    "priority, started",
+    [(compile_worker.BACKGROUND, None), (compile_worker.IDLE, None), (compile_worker.IDLE, compile_worker.BACKGROUND)],
+)
 def test_a_worker_lowers_its_priority_and_an_idle_one_its_sessions_too(priority, started):
     """The worker leads its own session; with the kernel's per-session scheduling groups
     (autogroups) only the group's nice ranks it against other sessions, so IDLE sets that
@@ -729,8 +732,7 @@ def test_a_worker_lowers_its_priority_and_an_idle_one_its_sessions_too(priority,
             if started
             else "compile_worker.lower_priority(sys.argv[1])\n"
         )
-        +
-        "group = open('/proc/self/autogroup').read().split()[-1] if os.path.exists('/proc/self/autogroup') else '-'\n"
+        + "group = open('/proc/self/autogroup').read().split()[-1] if os.path.exists('/proc/self/autogroup') else '-'\n"
         "print(os.nice(0), group)\n"
     )
     out = subprocess.run(
