@@ -216,6 +216,11 @@ def _engine(tmp_path, monkeypatch) -> TrainingEngine:
 
 
 class _NeverDone:
+    """A worker that never finishes (told to go, it goes on compiling)."""
+
+    def go(self, priority):
+        pass
+
     def done(self):
         return False
 
