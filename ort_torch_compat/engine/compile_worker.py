@@ -101,7 +101,7 @@ class CompileWorker:
             start_new_session=True,
         )
         self._result: Optional[Dict] = None
-        self._go: List[bytes] = []  # the "go" line, once `go` has been called
+        self._go: Optional[bytes] = None  # the "go" line, once `go` has been called
         self._go_given = threading.Event()
         # Writing blocks until the child has imported torch and reads: a thread does it (it
         # holds no GIL while blocked), then the "go" line when it is given.  stdin then stays
@@ -116,8 +116,8 @@ class CompileWorker:
             self.process.stdin.write(payload)
             self.process.stdin.flush()
             self._go_given.wait()
-            if self._go:
-                self.process.stdin.write(self._go[0])
+            if self._go is not None:
+                self.process.stdin.write(self._go)
                 self.process.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
             pass  # the child died first: its exit status and stderr say why
@@ -128,7 +128,7 @@ class CompileWorker:
         if priority not in _NICE:
             raise ValueError(f"unknown priority {priority!r}: expected one of {sorted(_NICE)}")
         if not self._go_given.is_set():
-            self._go.append(f"go {priority}\n".encode("ascii"))
+            self._go = f"go {priority}\n".encode("ascii")
             self._go_given.set()
 
     def done(self) -> bool:

@@ -385,7 +385,7 @@ class TrainStepRunner:
             return
         self._state = "compiling"
         if self.setting == "on":
-            self._worker.go(compile_worker.FOREGROUND)
+            self._worker.go(self._worker_priority())
             self._worker.wait()
             self._finish()
 
