@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import fx
@@ -145,6 +145,17 @@ log = logging.getLogger("ort_torch_compat.compile")
 
 _aten = torch.ops.aten
 _RESHAPES = {_aten.view.default, _aten._unsafe_view.default, _aten.reshape.default}
+# calls returning an alias of their first argument determined by their arguments alone
+_ALIASING_VIEWS = {
+    _aten.view.default,
+    _aten._unsafe_view.default,
+    _aten.t.default,
+    _aten.transpose.int,
+    _aten.permute.default,
+    _aten.expand.default,
+    _aten.unsqueeze.default,
+    _aten.squeeze.dim,
+}
 
 
 def _dense(node: object) -> bool:
@@ -159,39 +170,63 @@ def _same_shape(node: fx.Node, source: object) -> bool:
     )
 
 
+def _view_key(node: fx.Node) -> Optional[Tuple]:
+    """What the view call `node` computes (its operator and arguments, lists as tuples), or
+    None where `node` is not a view call: two calls with the same key give the same alias
+    of the same tensor."""
+    if node.op != "call_function" or node.target not in _ALIASING_VIEWS:
+        return None
+
+    def frozen(value: object) -> object:
+        return tuple(frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+    return (node.target, frozen(node.args), frozen(sorted(node.kwargs.items())))
+
+
 def drop_redundant_views(graph: fx.GraphModule) -> int:
-    """Remove the view calls of `graph` that change nothing, and shorten reshape chains:
-    a reshape or expand to the shape it already has, a transpose of a transpose, a detach
-    or alias (the step runs under no_grad), a reshape of a reshape of a dense tensor.  `make_fx`
-    records each as an aten call (~0.3-1 us each in the interpreter; LoRA-tiny: 57 of 382
-    calls, 5-10% of the step).  Every replacement is an alias of what it replaces, so the
-    values, and what aliases what, are unchanged.  Returns how many calls were dropped or
-    shortened."""
-    changed = 0
+    """Remove the view calls of `graph` that change nothing or repeat another, and shorten
+    reshape chains: a reshape of a reshape of a dense tensor (then dropped where it gives the
+    shape the tensor has), a reshape of a dense tensor to its own shape, an expand to the
+    shape a tensor has, a transpose of a transpose, a detach or alias (the step runs under
+    no_grad), and a view call made again with the same arguments (LoRA-tiny's graph takes
+    the embedding's 2-D view once per projection).  `make_fx` records each as an aten call
+    (~0.3-1 us each in the interpreter and Static Runtime; LoRA-tiny: 80 of 382 calls).  Every
+    replacement is an alias of what it replaces, with the same shape and strides, so the
+    values, and what aliases what, are unchanged.  Returns how many calls were removed."""
+    before = len(graph.graph.nodes)
+    made: Dict[Tuple, fx.Node] = {}  # each view call's key -> the first call making it
     for node in list(graph.graph.nodes):
         if node.op != "call_function" or not node.args:
             continue
         source = node.args[0]
-        if node.target in _RESHAPES or node.target is _aten.expand.default:
-            if _same_shape(node, source) and _dense(source):
-                node.replace_all_uses_with(source)
-                graph.graph.erase_node(node)
-                changed += 1
-            elif node.target in _RESHAPES and getattr(source, "target", None) in _RESHAPES and _dense(source.args[0]):
-                node.args = (source.args[0], *node.args[1:])
-                if not source.users:  # nothing else reads the intermediate shape
-                    graph.graph.erase_node(source)
-                changed += 1
-        elif node.target in (_aten.detach.default, _aten.alias.default) or (
-            node.target is _aten.t.default and getattr(source, "target", None) is _aten.t.default
-        ):
-            node.replace_all_uses_with(source.args[0] if node.target is _aten.t.default else source)
-            graph.graph.erase_node(node)
-            if node.target is _aten.t.default and not source.users:
+        if node.target in _RESHAPES and getattr(source, "target", None) in _RESHAPES and _dense(source.args[0]):
+            node.args = (source.args[0], *node.args[1:])
+            if not source.users:  # nothing else reads the intermediate shape
+                made.pop(_view_key(source), None)
                 graph.graph.erase_node(source)
-            changed += 1
+            source = node.args[0]
+        if (node.target in _RESHAPES and _same_shape(node, source) and _dense(source)) or (
+            node.target is _aten.expand.default and _same_shape(node, source)  # expand keeps strides
+        ):
+            replacement = source
+        elif node.target in (_aten.detach.default, _aten.alias.default):
+            replacement = source
+        elif node.target is _aten.t.default and getattr(source, "target", None) is _aten.t.default:
+            replacement = source.args[0]
+        else:
+            key = _view_key(node)
+            if key is None:
+                continue
+            replacement = made.setdefault(key, node)
+            if replacement is node:
+                continue
+        node.replace_all_uses_with(replacement)
+        graph.graph.erase_node(node)
+        if node.target is _aten.t.default and source is not replacement and not source.users:
+            made.pop(_view_key(source), None)
+            graph.graph.erase_node(source)
     graph.recompile()  # no dead-code pass: it would drop a random operator whose result is unused
-    return changed
+    return before - len(graph.graph.nodes)
 
 
 def _script(graph: fx.GraphModule) -> torch.jit.ScriptModule:
