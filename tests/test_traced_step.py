@@ -490,7 +490,9 @@ def test_which_shapes_are_traced(always_faster, monkeypatch, tmp_path):
     engine = _dynamic_batch_mlp(tmp_path)
     runner = engine.train_runner
     build, traced = runner._build_traced, []
-    monkeypatch.setattr(runner, "_build_traced", lambda tensors: traced.append(len(tensors[0])) or build(tensors))
+    monkeypatch.setattr(
+        runner, "_build_traced", lambda tensors, fixed: traced.append(len(tensors[0])) or build(tensors, fixed)
+    )
     rng = np.random.default_rng(0)
     for batch_size in (2, 2, 3, 4, 3, 3, 4, 4, 2, 5, 5):
         feeds = [rng.standard_normal((batch_size, 6), np.float32), rng.standard_normal((batch_size, 3), np.float32)]

@@ -287,14 +287,15 @@ class TrainStepRunner:
         first = feeds == self._signature[: len(feeds)]  # the runner's first step's feeds
         if not (first or seen > 1) or len(self._traced) >= _MAX_TRACED:
             return None
-        self._traced[feeds] = step = self._build_traced(tensors)
+        self._traced[feeds] = step = self._build_traced(tensors, len(tensors) - len(feeds))
         return step
 
-    def _build_traced(self, tensors: Sequence[torch.Tensor]) -> Optional[traced_step.TracedTrainStep]:
+    def _build_traced(self, tensors: Sequence[torch.Tensor], fixed: int) -> Optional[traced_step.TracedTrainStep]:
+        """The traced step for `tensors`, whose last `fixed` are the engine's parameters."""
         began = time.perf_counter()
         self._collect = True
         try:
-            step, eager_ms, traced_ms = traced_step.build_traced_step(self.module, tensors)
+            step, eager_ms, traced_ms = traced_step.build_traced_step(self.module, tensors, fixed)
         except Exception as error:  # noqa: BLE001  (anything here only means: eager steps)
             log.info(
                 "%s: train steps of this shape run eagerly: cannot trace them (%s: %s)",

@@ -52,6 +52,7 @@ import torch
 from torch import fx
 
 from .compiled_step import FlatGradientStep, gradient_groups
+from .fixed_views import FixedViews, hoist_fixed_views
 from .joint_graph import joint_train_graph
 from .step_check import check_against_eager, time_runs, time_steps
 
@@ -84,6 +85,7 @@ class TracedTrainStep(FlatGradientStep):
         grad_groups: List[List[int]],
         onednn: bool = True,
         interpreted: Optional["TracedTrainStep"] = None,
+        fixed_views: Optional[FixedViews] = None,
     ):
         self.function = function  # a ScriptModule, or its Static Runtime (`static`)
         self.interpreted = interpreted  # on Static Runtime: the interpreter's form of the step
@@ -92,6 +94,7 @@ class TracedTrainStep(FlatGradientStep):
         self.mutated = mutated
         self.grad_groups = grad_groups
         self.onednn = onednn  # False: oneDNN switched off around the step (ATen's own kernels)
+        self.fixed_views = fixed_views  # views of the parameters taken out of the graph (its last inputs)
         self.error: Optional[BaseException] = None  # why the last run failed
 
     @property
@@ -102,7 +105,14 @@ class TracedTrainStep(FlatGradientStep):
     def without_onednn(self) -> "TracedTrainStep":
         """The same step, run with ATen's own kernels where it would call oneDNN's."""
         return TracedTrainStep(
-            self.function, self.constants, self.num_outputs, self.mutated, self.grad_groups, False, self.interpreted
+            self.function,
+            self.constants,
+            self.num_outputs,
+            self.mutated,
+            self.grad_groups,
+            False,
+            self.interpreted,
+            self.fixed_views,
         )
 
     def on_static_runtime(self, function: Optional[torch.jit.ScriptModule] = None) -> "TracedTrainStep":
@@ -111,8 +121,21 @@ class TracedTrainStep(FlatGradientStep):
         what Static Runtime raises where it refuses the graph."""
         runtime = torch._C._jit_to_static_module((function or self.function)._c)
         return TracedTrainStep(
-            runtime, self.constants, self.num_outputs, self.mutated, self.grad_groups, self.onednn, interpreted=self
+            runtime,
+            self.constants,
+            self.num_outputs,
+            self.mutated,
+            self.grad_groups,
+            self.onednn,
+            interpreted=self,
+            fixed_views=self.fixed_views,
         )
+
+    def _arguments(self, tensors: Sequence[torch.Tensor], contiguous_tail: int) -> List[torch.Tensor]:
+        arguments = super()._arguments(tensors, contiguous_tail)
+        if self.fixed_views:
+            arguments += self.fixed_views.of(arguments)
+        return arguments
 
     def run(
         self, tensors: Sequence[torch.Tensor], contiguous_tail: int = 0
@@ -246,22 +269,31 @@ def _script(graph: fx.GraphModule) -> torch.jit.ScriptModule:
         return torch.jit.script(graph)
 
 
-def build_traced_step(module: fx.GraphModule, tensors: Sequence[torch.Tensor]) -> Tuple[TracedTrainStep, float, float]:
+def build_traced_step(
+    module: fx.GraphModule, tensors: Sequence[torch.Tensor], fixed: int = 0
+) -> Tuple[TracedTrainStep, float, float]:
     """The traced step of `module` for inputs shaped like `tensors` (feeds, then parameters),
     checked against the eager step, with or without oneDNN's kernels and on the interpreter
     or Static Runtime, whichever is faster; with the eager and traced step's CPU
-    milliseconds.  Raises NotSpecializable (or what TorchScript raises) where the graph
-    cannot be traced."""
+    milliseconds.  The last `fixed` tensors are the same tensor objects in every step (the
+    engine's parameters): view calls on them are made once, not every step (fixed_views.py).
+    Raises NotSpecializable (or what TorchScript raises) where the graph cannot be traced."""
     from ..graph.specialize import specialize
 
     spec = specialize(module, tensors, allow_random=True, fold_constants=True, hand_derived_backwards=True)
     graph = joint_train_graph(spec, tensors, {})
     drop_redundant_views(graph)
+    fixed_views = FixedViews(hoist_fixed_views(graph, len(tensors) - fixed))
     operators = {
         getattr(node.target, "__name__", "").split(".")[0] for node in graph.graph.nodes if node.op == "call_function"
     }
     step = TracedTrainStep(
-        _script(graph), list(spec.constants), spec.num_outputs, spec.mutated, gradient_groups(tensors)
+        _script(graph),
+        list(spec.constants),
+        spec.num_outputs,
+        spec.mutated,
+        gradient_groups(tensors),
+        fixed_views=fixed_views if len(fixed_views) else None,
     )
     check_against_eager(step, module, tensors)
     onednn_on = torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()
