@@ -225,9 +225,15 @@ def test_a_static_runtime_step_that_fails_later_hands_over_to_the_interpreter(mo
         torch.testing.assert_close(a.grad, e.grad, rtol=1e-5, atol=1e-6)
 
 
-def _times(*traced_ms):
-    """time_steps' answer: eager 1 ms, then each candidate's time (the oneDNN step first)."""
-    return lambda module, tensors, steps, rounds: [1.0, *traced_ms][: 1 + len(steps)]
+def _times(traced_ms: float):
+    """time_steps' answer: eager 1 ms, then the traced step's time."""
+    return lambda module, tensors, steps, rounds: [1.0, traced_ms][: 1 + len(steps)]
+
+
+def _share(share: float, asked: list = None):
+    """atens_share's answer: ATen's kernels take `share` of oneDNN's time (the calls timed
+    recorded in `asked`)."""
+    return lambda calls: (asked.append(calls) if asked is not None else None) or share
 
 
 def _onednn_during_steps(monkeypatch) -> list:
@@ -251,16 +257,21 @@ def _onednn_during_steps(monkeypatch) -> list:
 @pytest.mark.parametrize("config", ["frozen_ce_adamw_op17", "cnn_ce_adamw_op17"])  # GELU; convolutions
 @pytest.mark.parametrize("native_faster", [True, False])
 def test_the_faster_of_onednn_and_atens_own_kernels_runs(config, native_faster, monkeypatch):
-    """oneDNN's GELU and convolutions cost ~10 us a call before any work: the step is timed
-    with them and with ATen's own kernels and runs the faster, oneDNN switched back on after
-    each step; the numbers are the eager step's within float32 rounding either way."""
-    monkeypatch.setattr(traced_step, "time_steps", _times(0.5, 0.25) if native_faster else _times(0.25, 0.5))
+    """oneDNN's GELU and convolutions cost ~10 us a call before any work: their calls are
+    timed with them and with ATen's own kernels and the step runs the faster, oneDNN
+    switched back on after each step; the numbers are the eager step's within float32
+    rounding either way."""
+    monkeypatch.setattr(traced_step, "time_steps", _times(0.5))
+    asked = []
+    monkeypatch.setattr(traced_step, "atens_share", _share(0.5 if native_faster else 2.0, asked))
     seen = _onednn_during_steps(monkeypatch)
     directory = FIXTURES / config
     spec = load_spec(directory)
     engine = _engine(directory, "off")
     expected, actual = _train(_engine(directory, "eager"), spec, 3), _train(engine, spec, 3)
     assert next(iter(engine.train_runner._traced.values())).onednn is not native_faster
+    names = {getattr(operator, "__name__", "").split(".")[0] for operator, _, _ in asked[0]}
+    assert names == ({"convolution", "convolution_backward"} if config.startswith("cnn") else {"gelu", "gelu_backward"})
     assert seen[-2:] == [not native_faster] * 2 and torch._C._get_mkldnn_enabled()  # steps 2 and 3
     for step_expected, step_actual in zip(expected, actual):
         for e, a in zip(step_expected, step_actual):
@@ -269,7 +280,8 @@ def test_the_faster_of_onednn_and_atens_own_kernels_runs(config, native_faster, 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
 def test_onednn_stays_where_atens_kernels_are_not_clearly_faster(monkeypatch):
-    monkeypatch.setattr(traced_step, "time_steps", _times(0.5, 0.47))  # 6% faster: within timing noise
+    monkeypatch.setattr(traced_step, "time_steps", _times(0.5))
+    monkeypatch.setattr(traced_step, "atens_share", _share(0.94))  # 6% faster: within timing noise
     directory = FIXTURES / "frozen_ce_adamw_op17"
     engine = _engine(directory, "off")
     engine.train_step(_feeds(engine, load_spec(directory), 1))
@@ -278,7 +290,8 @@ def test_onednn_stays_where_atens_kernels_are_not_clearly_faster(monkeypatch):
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
 def test_onednn_is_back_on_after_a_step_that_raised(monkeypatch):
-    monkeypatch.setattr(traced_step, "time_steps", _times(0.5, 0.25))
+    monkeypatch.setattr(traced_step, "time_steps", _times(0.5))
+    monkeypatch.setattr(traced_step, "atens_share", _share(0.5))
     directory = FIXTURES / "cnn_ce_adamw_op17"
     spec = load_spec(directory)
     seen = _onednn_during_steps(monkeypatch)
@@ -292,7 +305,7 @@ def test_onednn_is_back_on_after_a_step_that_raised(monkeypatch):
 def test_traced_runs_without_grad_and_restores_the_callers_mode(monkeypatch):
     """The traced step runs with autograd off (its parameters require grad) and gives the
     caller's grad mode back, on or off, also after a run that raised."""
-    monkeypatch.setattr(traced_step, "time_steps", _times(1.0, 0.5))
+    monkeypatch.setattr(traced_step, "time_steps", _times(0.5))
     script, seen = traced_step._script, []
 
     def spied(graph):
@@ -318,11 +331,12 @@ def test_traced_runs_without_grad_and_restores_the_callers_mode(monkeypatch):
 @pytest.mark.parametrize("config", ["frozen_ce_adamw_op17", "gru_ce_adamw_op17"])
 def test_one_way_timed_without_onednn_or_its_operators(config, monkeypatch):
     """A user who switched oneDNN off keeps it off; a graph without the operators ATen sends
-    to oneDNN (a GRU) is not timed both ways (timing noise would pick either)."""
-    timed = []
+    to oneDNN (a GRU) is not timed both ways."""
+    timed, asked = [], []
     monkeypatch.setattr(
         traced_step, "time_steps", lambda module, tensors, steps, rounds: timed.append(steps) or [1.0, 0.5]
     )
+    monkeypatch.setattr(traced_step, "atens_share", _share(0.5, asked))
     seen = _onednn_during_steps(monkeypatch)
     directory = FIXTURES / config
     engine = _engine(directory, "off")
@@ -330,7 +344,7 @@ def test_one_way_timed_without_onednn_or_its_operators(config, monkeypatch):
         engine.train_step(_feeds(engine, load_spec(directory), 1))
         engine.train_step(_feeds(engine, load_spec(directory), 2))
         assert len(timed[0]) == 1 and seen[-1] is torch._C._get_mkldnn_enabled()
-    assert engine.train_runner.path == "traced"
+    assert engine.train_runner.path == "traced" and not asked
 
 
 def test_redundant_views_are_dropped_and_nothing_else_changes():

@@ -23,11 +23,12 @@ Kernels: ATen sends some float32 CPU operators to oneDNN (GELU and its backward,
 convolutions), which costs 7-11 us a call before any work (GELU on a 2x8x64 tensor: 9.3 us
 against ATen's own 2.4 us; its backward 14.7 against 3.1) and pays only on large tensors
 (depthwise convolutions, though, are 4x slower without it: MobileNet-v2's step).  A graph
-with such operators is timed both ways at build, with oneDNN and with ATen's own kernels
-(`torch.backends.mkldnn` switched off around the step, on again after), and runs ATen's
-where they take at most 90% of the time; ATen's kernels agree with oneDNN's within float32
-rounding (GELU: 7e-7).  Graphs without them are not timed both ways: timing noise would
-pick either.  `drop_redundant_views` removes the view calls that change nothing first.
+with such operators has those calls timed both ways at build (onednn_choice.py: the calls
+alone, on tensors of their shapes; timing the whole step both ways chose oneDNN's GELU in
+1 BERT-tiny build of 6, 15% of its step) and runs ATen's kernels (`torch.backends.mkldnn`
+switched off around the step, on again after) where they take at most 90% of oneDNN's
+time; ATen's kernels agree with oneDNN's within float32 rounding (GELU: 7e-7).  Graphs
+without them are not timed.  `drop_redundant_views` removes the view calls that change nothing first.
 
 Static Runtime (TorchScript's other executor, `torch._C._jit_to_static_module`): out-variant
 kernels writing into memory planned from the first runs, no interpreter frame per call.
@@ -54,17 +55,15 @@ from torch import fx
 from .compiled_step import FlatGradientStep, gradient_groups
 from .fixed_views import FixedViews, hoist_fixed_views
 from .joint_graph import joint_train_graph
+from .onednn_choice import atens_share, onednn_calls
 from .step_check import check_against_eager, time_runs, time_steps
 
 _TIMED_ROUNDS = 3  # eager and traced steps timed, interleaved, before the traced step is used
-_NATIVE_MARGIN = 0.9  # ATen's own kernels replace oneDNN's where they take at most this share of the time
+_NATIVE_MARGIN = 0.9  # ATen's own kernels replace oneDNN's where their calls take at most this share of the time
 _STATIC_MARGIN = 0.9  # Static Runtime replaces the interpreter where it takes at most this share of the time
 _STATIC_MAX_MS = 20.0  # traced steps longer than this are kernel-bound: Static Runtime is not tried
 _STATIC_TIMED_ROUNDS = 10  # rounds of the two forms' runs (~20 ms on the tiny transformers)
 _STATIC_CHECKED_RUNS = 3  # its first run records, the second plans its memory: checked past both
-# the operators ATen sends to oneDNN on float32 CPU tensors (ATen's use_mkldnn checks): graphs
-# without them are not timed both ways
-_ONEDNN_OPERATORS = {"gelu", "gelu_backward", "convolution", "convolution_backward"}
 
 
 def torchscript_available() -> bool:
@@ -284,9 +283,8 @@ def build_traced_step(
     graph = joint_train_graph(spec, tensors, {})
     drop_redundant_views(graph)
     fixed_views = FixedViews(hoist_fixed_views(graph, len(tensors) - fixed))
-    operators = {
-        getattr(node.target, "__name__", "").split(".")[0] for node in graph.graph.nodes if node.op == "call_function"
-    }
+    onednn_on = torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()
+    calls = onednn_calls(graph) if onednn_on else None  # before scripting renames the targets
     step = TracedTrainStep(
         _script(graph),
         list(spec.constants),
@@ -296,12 +294,11 @@ def build_traced_step(
         fixed_views=fixed_views if len(fixed_views) else None,
     )
     check_against_eager(step, module, tensors)
-    onednn_on = torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()
-    candidates = [step, step.without_onednn()] if operators & _ONEDNN_OPERATORS and onednn_on else [step]
-    eager_ms, traced_ms, *native_ms = time_steps(module, tensors, candidates, _TIMED_ROUNDS)
-    if native_ms and native_ms[0] < _NATIVE_MARGIN * traced_ms:  # a clear gain (GELU's: 20%), not noise
-        if _agrees(candidates[1], module, tensors):  # expected (the kernels agree within rounding)
-            step, traced_ms = candidates[1], native_ms[0]
+    if calls and atens_share(calls) <= _NATIVE_MARGIN:  # a clear gain (tiny GELUs: 4-6x), not noise
+        native = step.without_onednn()
+        if _agrees(native, module, tensors):  # expected (the kernels agree within rounding)
+            step = native
+    eager_ms, traced_ms = time_steps(module, tensors, [step], _TIMED_ROUNDS)
     if traced_ms <= _STATIC_MAX_MS:
         step, traced_ms = _faster_on_static_runtime(step, traced_ms, graph, module, tensors)
     return step, eager_ms, traced_ms
