@@ -388,6 +388,40 @@ def test_redundant_views_are_dropped_and_nothing_else_changes():
         assert torch.equal(a, e)
 
 
+def test_means_run_as_sums_divided_with_bitwise_the_same_values():
+    """means_as_sums: a mean over dimensions of a float32 or float64 CPU tensor becomes the
+    sum over them divided by their size (what ATen's CPU mean does inside); a mean with a
+    dtype and the mean of a whole tensor stay; every value is bitwise the same, on the
+    interpreter and Static Runtime."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def function(x, y):
+        return (
+            x.mean(1),
+            x.mean([0, 2], keepdim=True),
+            x.mean(-1),
+            y.mean(0),
+            x.mean(1, dtype=torch.float64),
+            x.mean(),
+        )
+
+    generator = torch.Generator().manual_seed(0)
+    inputs = (torch.randn(3, 7, 33, generator=generator) * 3 + 1, torch.randn(5, 6, dtype=torch.float64))
+    graph = make_fx(function)(*inputs)
+    expected = graph(*inputs)
+    assert traced_step.means_as_sums(graph) == 4
+    calls = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    assert calls.count("aten.mean.dim") == 1 and calls.count("aten.mean.default") == 1  # the dtype's, the whole
+    assert calls.count("aten.sum.dim_IntList") == 4 and calls.count("aten.div.Scalar") == 4
+    scripted = traced_step._script(graph)
+    runs = [graph(*inputs), scripted(*inputs)]
+    if hasattr(torch._C, "_jit_to_static_module"):
+        runs.append(torch._C._jit_to_static_module(scripted._c)(*inputs))
+    for run in runs:
+        for a, e in zip(run, expected):
+            assert a.dtype == e.dtype and a.shape == e.shape and torch.equal(a, e)
+
+
 def test_float_sums_run_as_subtractions_with_bitwise_the_same_values():
     """sums_on_out_variants: the sum of two floating-point tensors becomes `sub` with alpha -1
     (Static Runtime's out variant); integer and bool sums, a bool plus a float tensor (ATen's
