@@ -422,6 +422,67 @@ def test_means_run_as_sums_divided_with_bitwise_the_same_values():
             assert a.dtype == e.dtype and a.shape == e.shape and torch.equal(a, e)
 
 
+def test_row_gathers_run_as_embedding_lookups_with_bitwise_the_same_values():
+    """gathers_as_embeddings: rows of a 2-D float table gathered by one index tensor become
+    `embedding`, their gradient into a fresh zero tensor `embedding_dense_backward`, with
+    repeated rows summed as before (bitwise); a gather from a bool table and one along
+    another axis stay; on the interpreter and Static Runtime."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def function(table, rows, grad, mask, picks):
+        gathered = torch.ops.aten.index(table, [rows])
+        zeros = torch.ops.aten.new_zeros(grad, [table.shape[0], table.shape[1]])
+        gradient = torch.ops.aten.index_put(zeros, [rows], grad, True)
+        return gathered, gradient, torch.ops.aten.index(mask, [picks]), table[:, picks[0]]
+
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, 50, (3, 7), generator=generator)
+    rows[1, 2] = rows[0, 0]  # a repeated row: its gradients summed
+    rows[2, 5] = rows[0, 0]
+    inputs = (
+        torch.randn(50, 12, generator=generator),
+        rows,
+        torch.randn(3, 7, 12, generator=generator) * 10,
+        torch.rand(9, 1, generator=generator) > 0.5,
+        torch.tensor([[0, 3, 3]]),
+    )
+    graph = make_fx(function)(*inputs)
+    expected = graph(*inputs)
+    assert traced_step.gathers_as_embeddings(graph) == 2
+    calls = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    assert calls.count("aten.embedding.default") == 1 and calls.count("aten.embedding_dense_backward.default") == 1
+    assert "aten.index_put.default" not in calls and "aten.new_zeros.default" not in calls
+    assert calls.count("aten.index.Tensor") == 2  # the bool table's, the gather along axis 1
+    scripted = traced_step._script(graph)
+    runs = [graph(*inputs), scripted(*inputs)]
+    if hasattr(torch._C, "_jit_to_static_module"):
+        runs.append(torch._C._jit_to_static_module(scripted._c)(*inputs))
+    for run in runs:
+        for a, e in zip(run, expected):
+            assert a.dtype == e.dtype and a.shape == e.shape and torch.equal(a, e)
+
+
+def test_negative_token_ids_train_as_onnx_gather_takes_them(always_faster):
+    """ONNX's Gather takes negative indices (counted from the end); the traced step's
+    embedding lookup refuses them: that step runs eagerly, with the numbers of the same
+    rows fed as positive ids, and the traced step is retired."""
+    directory = FIXTURES / "transformer_ce_adamw_op17"
+    spec = load_spec(directory)
+    engine, eager = _engine(directory, "off"), _engine(directory, "eager")
+    vocabulary = 11  # emb.weight's rows (spec: ids in [0, 11))
+
+    def feeds(engine, step, negative):
+        values = _feeds(engine, spec, step)
+        return [values[0] - vocabulary if negative else values[0], *values[1:]]
+
+    actual = train_record(engine, lambda step: feeds(engine, step, negative=step == 2), 3)
+    expected = train_record(eager, lambda step: feeds(eager, step, negative=False), 3)
+    assert engine.train_runner.path == "eager"  # retired at step 2
+    for step_expected, step_actual in zip(expected, actual):
+        for e, a in zip(step_expected, step_actual):
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
 def test_float_sums_run_as_subtractions_with_bitwise_the_same_values():
     """sums_on_out_variants: the sum of two floating-point tensors becomes `sub` with alpha -1
     (Static Runtime's out variant); integer and bool sums, a bool plus a float tensor (ATen's
