@@ -4,8 +4,6 @@ sources (in-place updates seen, another tensor object given new views)."""
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -90,44 +88,5 @@ def test_views_of_parameters_that_require_grad_are_plain_aliases():
     assert made[0].data_ptr() == params[1].data_ptr()
 
 
-@pytest.mark.skipif(not traced_step.torchscript_available(), reason="this torch has no TorchScript")
-def test_the_drop_in_loop_makes_the_weights_transposes_once(monkeypatch):
-    """Module call, optimizer step, lazy reset on a transformer's artifacts, compilation off:
-    the traced step takes its weights' transposes as inputs, made once for the engine's
-    parameter tensors (the optimizer's in-place updates seen through them), and its losses
-    are the eager loop's."""
-    from ort_torch_compat.api import CheckpointState, Module, Optimizer
-    from ort_torch_compat.engine import compiled
-    from ort_torch_compat.testing.scenario import make_batch
-    from tests.conftest import FIXTURES, load_spec
-    from tests.test_traced_step import _timed
-
-    _timed(monkeypatch, traced_ms=0.5, static_ms=0.5)
-    made = []
-    replay = FixedViews._made
-    monkeypatch.setattr(FixedViews, "_made", staticmethod(lambda t, calls: made.append(calls) or replay(t, calls)))
-    directory = FIXTURES / "transformer_ce_adamw_op17"
-    spec = load_spec(directory)
-    losses = {}
-    for setting in ("eager", "off"):
-        monkeypatch.setenv(compiled.COMPILE_ENV, setting)
-        state = CheckpointState.load_checkpoint(directory / "checkpoint")
-        module = Module(directory / "training_model.onnx", state)
-        optimizer = Optimizer(directory / "optimizer_model.onnx", module)
-        losses[setting] = []
-        for step in range(1, 7):
-            batch = make_batch(spec, step, 0)
-            losses[setting].append(np.asarray(module(*[batch[name] for name in module.input_names()])).copy())
-            optimizer.step()
-            module.lazy_reset_grad()
-            if step == 1:
-                after_first = len(made)  # the build's checks run on copies of the parameters
-    traced = [s for s in module._engine.train_runner._traced.values() if s is not None]
-    assert len(traced) == 1 and traced[0].fixed_views is not None
-    hoisted = len(traced[0].fixed_views)
-    assert hoisted >= 4  # the dense layers' weight transposes
-    assert sum(calls[-1][0] is torch.ops.aten.t.default for _, calls in traced[0].fixed_views.recipes) >= 4
-    # made in the first step (for the build's checks, then for the engine's tensors) and kept
-    assert after_first > 0 and len(made) == after_first
-    for a, b in zip(losses["eager"], losses["off"]):
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+# The drop-in loop through a traced step with its weights' transposes made once:
+# tests/test_traced_step.py, test_the_drop_in_module_trains_traced_with_eagers_losses.

@@ -388,6 +388,18 @@ def test_redundant_views_are_dropped_and_nothing_else_changes():
         assert torch.equal(a, e)
 
 
+def _assert_bitwise_on_every_runner(graph, inputs, expected) -> None:
+    """`graph` run as fx code, by TorchScript's interpreter and (where this torch has it) by
+    Static Runtime gives `expected` bit for bit, dtypes and shapes included."""
+    scripted = traced_step._script(graph)
+    runs = [graph(*inputs), scripted(*inputs)]
+    if hasattr(torch._C, "_jit_to_static_module"):
+        runs.append(torch._C._jit_to_static_module(scripted._c)(*inputs))
+    for run in runs:
+        for a, e in zip(run, expected):
+            assert a.dtype == e.dtype and a.shape == e.shape and torch.equal(a, e)
+
+
 def test_means_run_as_sums_divided_with_bitwise_the_same_values():
     """means_as_sums: a mean over dimensions of a float32 or float64 CPU tensor becomes the
     sum over them divided by their size (what ATen's CPU mean does inside); a mean with a
@@ -413,13 +425,7 @@ def test_means_run_as_sums_divided_with_bitwise_the_same_values():
     calls = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
     assert calls.count("aten.mean.dim") == 1 and calls.count("aten.mean.default") == 1  # the dtype's, the whole
     assert calls.count("aten.sum.dim_IntList") == 4 and calls.count("aten.div.Scalar") == 4
-    scripted = traced_step._script(graph)
-    runs = [graph(*inputs), scripted(*inputs)]
-    if hasattr(torch._C, "_jit_to_static_module"):
-        runs.append(torch._C._jit_to_static_module(scripted._c)(*inputs))
-    for run in runs:
-        for a, e in zip(run, expected):
-            assert a.dtype == e.dtype and a.shape == e.shape and torch.equal(a, e)
+    _assert_bitwise_on_every_runner(graph, inputs, expected)
 
 
 def test_row_gathers_run_as_embedding_lookups_with_bitwise_the_same_values():
@@ -453,13 +459,7 @@ def test_row_gathers_run_as_embedding_lookups_with_bitwise_the_same_values():
     assert calls.count("aten.embedding.default") == 1 and calls.count("aten.embedding_dense_backward.default") == 1
     assert "aten.index_put.default" not in calls and "aten.new_zeros.default" not in calls
     assert calls.count("aten.index.Tensor") == 2  # the bool table's, the gather along axis 1
-    scripted = traced_step._script(graph)
-    runs = [graph(*inputs), scripted(*inputs)]
-    if hasattr(torch._C, "_jit_to_static_module"):
-        runs.append(torch._C._jit_to_static_module(scripted._c)(*inputs))
-    for run in runs:
-        for a, e in zip(run, expected):
-            assert a.dtype == e.dtype and a.shape == e.shape and torch.equal(a, e)
+    _assert_bitwise_on_every_runner(graph, inputs, expected)
 
 
 def test_negative_token_ids_train_as_onnx_gather_takes_them(always_faster):
@@ -499,13 +499,7 @@ def test_float_sums_run_as_subtractions_with_bitwise_the_same_values():
     calls = [(str(n.target), dict(n.kwargs)) for n in graph.graph.nodes if n.op == "call_function"]
     assert calls.count(("aten.sub.Tensor", {"alpha": -1})) == 2
     assert [c for c, _ in calls].count("aten.add.Tensor") == 5  # alpha 2, the number, int, bool, bool + float
-    scripted = traced_step._script(graph)
-    runs = [graph(*inputs), scripted(*inputs)]
-    if hasattr(torch._C, "_jit_to_static_module"):
-        runs.append(torch._C._jit_to_static_module(scripted._c)(*inputs))
-    for run in runs:
-        for a, e in zip(run, expected):
-            assert a.dtype == e.dtype and torch.equal(a, e)
+    _assert_bitwise_on_every_runner(graph, inputs, expected)
 
 
 @pytest.mark.parametrize("budget_s, rounds_run", [(60.0, 3), (0.0, 1)])
@@ -692,9 +686,15 @@ def _options(setting: str) -> SessionOptions:
 
 
 def test_the_drop_in_module_trains_traced_with_eagers_losses(always_faster, monkeypatch):
-    """The plain loop through the drop-in API: module call, optimizer step, lazy reset."""
+    """The plain loop through the drop-in API: module call, optimizer step, lazy reset.  The
+    traced step takes its weights' transposes as inputs (fixed_views.py), made in the first
+    step and kept (the optimizer's in-place updates seen through them)."""
     from ort_torch_compat.api import Module, Optimizer
+    from ort_torch_compat.engine.fixed_views import FixedViews
 
+    made = []
+    replay = FixedViews._made
+    monkeypatch.setattr(FixedViews, "_made", staticmethod(lambda t, calls: made.append(calls) or replay(t, calls)))
     directory = FIXTURES / "transformer_ce_adamw_op17"
     spec = load_spec(directory)
     losses = {}
@@ -709,6 +709,13 @@ def test_the_drop_in_module_trains_traced_with_eagers_losses(always_faster, monk
             losses[setting].append(np.asarray(module(*[batch[name] for name in module.input_names()])).copy())
             optimizer.step()
             module.lazy_reset_grad()
+            if step == 1:
+                after_first = len(made)  # the build's checks run on copies of the parameters
         assert module._engine.train_runner.path == setting.replace("off", "traced")
     for a, b in zip(losses["eager"], losses["off"]):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    traced = [s for s in module._engine.train_runner._traced.values() if s is not None]
+    assert len(traced) == 1 and traced[0].fixed_views is not None
+    transposes = [calls for _, calls in traced[0].fixed_views.recipes if calls[-1][0] is torch.ops.aten.t.default]
+    assert len(transposes) >= 4  # the dense layers' weights
+    assert after_first > 0 and len(made) == after_first  # not made again in steps 2-5
