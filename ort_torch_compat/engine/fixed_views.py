@@ -24,8 +24,8 @@ import torch
 from torch import fx
 
 _aten = torch.ops.aten
-# calls returning an alias of their first argument, the other arguments plain values
-_VIEW_CALLS = {
+# calls returning an alias of their first argument determined by their arguments alone
+ALIASING_VIEWS = {
     _aten.t.default,
     _aten.transpose.int,
     _aten.permute.default,
@@ -58,7 +58,7 @@ def hoist_fixed_views(graph: fx.GraphModule, fixed_from: int) -> List[Recipe]:
     for node in graph.graph.nodes:
         if (
             node.op == "call_function"
-            and node.target in _VIEW_CALLS
+            and node.target in ALIASING_VIEWS
             and node.args
             and node.args[0] in chains
             and _plain(node.args[1:])

@@ -53,7 +53,7 @@ import torch
 from torch import fx
 
 from .compiled_step import FlatGradientStep, gradient_groups
-from .fixed_views import FixedViews, hoist_fixed_views
+from .fixed_views import ALIASING_VIEWS, FixedViews, hoist_fixed_views
 from .joint_graph import joint_train_graph
 from .onednn_choice import atens_share, onednn_calls
 from .step_check import check_against_eager, time_runs, time_steps
@@ -167,17 +167,6 @@ log = logging.getLogger("ort_torch_compat.compile")
 
 _aten = torch.ops.aten
 _RESHAPES = {_aten.view.default, _aten._unsafe_view.default, _aten.reshape.default}
-# calls returning an alias of their first argument determined by their arguments alone
-_ALIASING_VIEWS = {
-    _aten.view.default,
-    _aten._unsafe_view.default,
-    _aten.t.default,
-    _aten.transpose.int,
-    _aten.permute.default,
-    _aten.expand.default,
-    _aten.unsqueeze.default,
-    _aten.squeeze.dim,
-}
 
 
 def _dense(node: object) -> bool:
@@ -196,7 +185,7 @@ def _view_key(node: fx.Node) -> Optional[Tuple]:
     """What the view call `node` computes (its operator and arguments, lists as tuples), or
     None where `node` is not a view call: two calls with the same key give the same alias
     of the same tensor."""
-    if node.op != "call_function" or node.target not in _ALIASING_VIEWS:
+    if node.op != "call_function" or node.target not in ALIASING_VIEWS:
         return None
 
     def frozen(value: object) -> object:
@@ -332,6 +321,12 @@ def fill_output_masks(graph: fx.GraphModule) -> int:
     return changed
 
 
+def _value(node: object) -> Optional[torch.Tensor]:
+    """The tensor a graph node records (fx's "val"), or None."""
+    value = getattr(node, "meta", {}).get("val")
+    return value if isinstance(value, torch.Tensor) else None
+
+
 def means_as_sums(graph: fx.GraphModule) -> int:
     """Write each mean over dimensions of a float32 or float64 CPU tensor in `graph` as the
     sum over them divided by their size: what ATen's CPU `mean` does inside (`sum_out`, then
@@ -342,10 +337,10 @@ def means_as_sums(graph: fx.GraphModule) -> int:
     for node in graph.graph.nodes:
         if node.op != "call_function" or node.target is not _aten.mean.dim or "dtype" in node.kwargs:
             continue
-        source, dims = node.args[0], node.args[1] if len(node.args) > 1 else None
-        value = getattr(source, "meta", {}).get("val")
+        dims = node.args[1] if len(node.args) > 1 else None
+        value = _value(node.args[0])
         if (
-            not isinstance(value, torch.Tensor)
+            value is None
             or value.dtype not in (torch.float32, torch.float64)
             or value.device.type != "cpu"
             or not dims
@@ -366,11 +361,6 @@ def means_as_sums(graph: fx.GraphModule) -> int:
     if changed:
         graph.recompile()
     return changed
-
-
-def _value(node: object) -> Optional[torch.Tensor]:
-    value = getattr(node, "meta", {}).get("val")
-    return value if isinstance(value, torch.Tensor) else None
 
 
 def _table_and_rows(node: fx.Node) -> Optional[Tuple[fx.Node, fx.Node]]:
@@ -407,8 +397,9 @@ def gathers_as_embeddings(graph: fx.GraphModule) -> int:
     for node in list(graph.graph.nodes):
         if node.op != "call_function":
             continue
-        if node.target is _aten.index.Tensor and _table_and_rows(node):
-            table, rows = _table_and_rows(node)
+        gather = _table_and_rows(node) if node.target is _aten.index.Tensor else None
+        if gather:
+            table, rows = gather
             with graph.graph.inserting_before(node):
                 lookup = graph.graph.call_function(_aten.embedding.default, (table, rows))
             lookup.meta = dict(node.meta)
