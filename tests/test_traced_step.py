@@ -10,6 +10,7 @@ nothing changed, which shapes get traced, and every way back to eager steps.
 
 from __future__ import annotations
 
+import collections
 import logging
 import shutil
 import time
@@ -386,6 +387,38 @@ def test_redundant_views_are_dropped_and_nothing_else_changes():
     assert [c for c in after if c not in views] == [c for c in before if c not in views]  # the computing calls
     for a, e in zip(graph(*inputs), expected):
         assert torch.equal(a, e)
+
+
+def test_calls_nothing_reads_are_dropped_unless_they_mutate_or_draw():
+    """drop_unread_calls: computing calls whose results nothing reads go (with the calls
+    only they read); an in-place call and a random draw nothing reads stay (a dropped draw
+    would shift every later one), and the values and the generator's state after a run are
+    the same."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def function(x, w, counter):
+        unread = torch.mm(x, w).tanh()  # two calls, nothing reads them
+        x.mul(2).sigmoid()  # two more
+        counter.add_(1)  # in place: stays
+        torch.rand(3)  # a draw: stays
+        return (x * 3).sum(), torch.rand(2), unread.shape[0]
+
+    inputs = (torch.randn(4, 5), torch.randn(5, 6), torch.zeros(1))
+    graph = make_fx(function)(*inputs)
+    calls = lambda: [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]  # noqa: E731
+    before = calls()
+    assert traced_step.drop_unread_calls(graph) == 4
+    after = calls()
+    removed = collections.Counter(before) - collections.Counter(after)
+    assert removed == collections.Counter(
+        ["aten.mm.default", "aten.tanh.default", "aten.mul.Tensor", "aten.sigmoid.default"]
+    )
+    assert after.count("aten.add_.Tensor") == 1 and after.count("aten.rand.default") == 2
+    torch.manual_seed(0)
+    expected = function(*[t.clone() for t in inputs])
+    torch.manual_seed(0)
+    actual = graph(*[t.clone() for t in inputs])
+    assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
 
 
 def _assert_bitwise_on_every_runner(graph, inputs, expected) -> None:

@@ -46,6 +46,7 @@ form (`interpreted`; compiled.py's `disagreed`).
 from __future__ import annotations
 
 import logging
+import operator
 import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -240,6 +241,31 @@ def drop_redundant_views(graph: fx.GraphModule) -> int:
     return before - len(graph.graph.nodes)
 
 
+def drop_unread_calls(graph: fx.GraphModule) -> int:
+    """Remove the calls of `graph` whose results nothing reads, where the call only computes
+    (an aten operator that neither mutates nor draws random numbers: a dropped random call
+    would shift every later draw): a backward's gradients of constants, such as an LSTM's
+    product for its initial state's gradient.  Returns how many calls were removed."""
+    removed = 0
+    for node in reversed(list(graph.graph.nodes)):  # a removed call's inputs come after it here
+        if node.op == "call_function" and not node.users and _computes_only(node.target):
+            graph.graph.erase_node(node)
+            removed += 1
+    graph.recompile()
+    return removed
+
+
+def _computes_only(target: object) -> bool:
+    if target is operator.getitem:
+        return True
+    schema = getattr(target, "_schema", None)
+    return (
+        schema is not None
+        and not schema.is_mutable
+        and torch.Tag.nondeterministic_seeded not in getattr(target, "tags", ())
+    )
+
+
 def _script(graph: fx.GraphModule) -> torch.jit.ScriptModule:
     """`graph` (aten operator overloads) as TorchScript, which resolves overload packets by
     their schema, takes devices as strings and has no `_to_copy(x, dtype=...)` form."""
@@ -273,6 +299,7 @@ def build_traced_step(
     drop_redundant_views(graph)
     means_as_sums(graph)
     gathers_as_embeddings(graph)
+    drop_unread_calls(graph)
     fixed_views = FixedViews(hoist_fixed_views(graph, len(tensors) - fixed))
     onednn_on = torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()
     calls = onednn_calls(graph) if onednn_on else None  # before scripting renames the targets
