@@ -19,11 +19,13 @@ from ort_torch_compat.graph.traced_operators import (
 SEQ, BATCH, HIDDEN, FEATURES = 5, 3, 4, 6
 
 
-def _onnx_lstm(x_proj, h, c, r, reverse):
-    """ONNX's LSTM equations (gates i, o, f, c; default activations), step by step."""
+def _onnx_lstm(x_proj, h, c, r, reverse, torch_gates=False):
+    """ONNX's LSTM equations (default activations), step by step; the gate blocks in ONNX's
+    order (i, o, f, c) or torch's (i, f, g, o)."""
     ys = [None] * x_proj.shape[0]
     for k in range(x_proj.shape[0] - 1, -1, -1) if reverse else range(x_proj.shape[0]):
-        i, o, f, g = (x_proj[k] + h @ r.t()).chunk(4, dim=1)
+        blocks = (x_proj[k] + h @ r.t()).chunk(4, dim=1)
+        i, f, g, o = blocks if torch_gates else (blocks[0], blocks[2], blocks[3], blocks[1])
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         h = torch.sigmoid(o) * torch.tanh(c)
         ys[k] = h
@@ -39,14 +41,15 @@ def _inputs(seed, seq=SEQ, batch=BATCH, hidden=HIDDEN):
     return rand(seq, batch, 4 * hidden), rand(batch, hidden), rand(batch, hidden), rand(4 * hidden, hidden)
 
 
+@pytest.mark.parametrize("torch_gates", [False, True])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("sizes", [(SEQ, BATCH, HIDDEN), (1, 1, 1), (1, 3, 2), (7, 1, 5)])
-def test_forward_and_gradients_are_onnx_equations(reverse, sizes):
+def test_forward_and_gradients_are_onnx_equations(reverse, sizes, torch_gates):
     seq, batch, hidden = sizes
     inputs = _inputs(1, seq, batch, hidden)
     upstream = [torch.randn(seq, batch, hidden, dtype=torch.float64), *torch.randn(2, batch, hidden).double()]
-    expected = _onnx_lstm(*inputs, reverse)
-    actual = lstm_sequence(*inputs, reverse)[:3]
+    expected = _onnx_lstm(*inputs, reverse, torch_gates)
+    actual = lstm_sequence(*inputs, reverse, torch_gates)[:3]
     for e, a in zip(expected, actual):
         torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
     expected_grads = torch.autograd.grad(expected, inputs, upstream)
@@ -55,36 +58,40 @@ def test_forward_and_gradients_are_onnx_equations(reverse, sizes):
         torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
 
 
-def test_gradients_when_only_the_last_state_is_used():
+@pytest.mark.parametrize("torch_gates", [False, True])
+def test_gradients_when_only_the_last_state_is_used(torch_gates):
     """A classifier on h_n: y and c_n get no gradient (undefined upstream gradients)."""
     inputs = _inputs(2)
-    expected = torch.autograd.grad(_onnx_lstm(*inputs, False)[1].sum(), inputs)
-    actual = torch.autograd.grad(lstm_sequence(*inputs, False)[1].sum(), inputs)
+    expected = torch.autograd.grad(_onnx_lstm(*inputs, False, torch_gates)[1].sum(), inputs)
+    actual = torch.autograd.grad(lstm_sequence(*inputs, False, torch_gates)[1].sum(), inputs)
     for e, a in zip(expected, actual):
         torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
 
 
-def _joint(reverse):
+def _joint(reverse, torch_gates):
     def step(x_proj, h0, c0, r):
         with torch.enable_grad():
-            y, h, c = lstm_sequence(x_proj, h0, c0, r, reverse)[:3]
+            y, h, c = lstm_sequence(x_proj, h0, c0, r, reverse, torch_gates)[:3]
             loss = y.sin().sum() + h.sum() + c.cos().sum()
             return [loss.detach(), *torch.autograd.grad(loss, [x_proj, h0, c0, r])]
 
     return step
 
 
+@pytest.mark.parametrize("torch_gates", [False, True])
 @pytest.mark.parametrize("reverse", [False, True])
-def test_the_joint_trace_inlines_it_with_one_recurrent_weight_product(reverse):
+def test_the_joint_trace_inlines_it_with_one_recurrent_weight_product(reverse, torch_gates):
     inputs = [t.detach().requires_grad_() for t in _inputs(3)]
-    graph = make_fx(_joint(reverse), decomposition_table=TRACED_OPERATOR_DECOMPOSITIONS, tracing_mode="fake")(*inputs)
+    graph = make_fx(
+        _joint(reverse, torch_gates), decomposition_table=TRACED_OPERATOR_DECOMPOSITIONS, tracing_mode="fake"
+    )(*inputs)
     targets = [node.target for node in graph.graph.nodes if node.op == "call_function"]
     assert not any("ort_torch_compat" in str(t) for t in targets)  # aten calls only: TorchScript runs them
     products = [t for t in targets if t in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)]
     # per time step one forward and one backward product, plus one for the recurrent weight's
     # gradient over all steps (autograd's backward of the loop has one per step)
     assert len(products) == 2 * SEQ + 1
-    expected = _joint(reverse)(*inputs)
+    expected = _joint(reverse, torch_gates)(*inputs)
     for e, a in zip(expected, graph(*inputs)):
         torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
 

@@ -29,6 +29,7 @@ from .converters.strings import STRING_OPS
 from .errors import GraphConversionError, UnsupportedOperatorError
 from .fusion import fuse_matmul_bias
 from .options import ConversionOptions, converting_with
+from .recurrent_layout import torch_gate_recurrents
 
 NOT_TRAINABLE = "strings cannot be part of a training graph (torch has no string tensors)"
 
@@ -181,7 +182,7 @@ def _build(
     fused = onnx.GraphProto(name=graph.name)  # the graph without copying its nodes twice
     for field in ("input", "output", "initializer", "value_info", "sparse_initializer"):
         getattr(fused, field).extend(getattr(graph, field))
-    fused.node.extend(fuse_matmul_bias(graph))
+    fused.node.extend(torch_gate_recurrents(graph, fuse_matmul_bias(graph)))
     onnx_graph = OnnxGraph(fused)
     for node in onnx_graph.nodes.values():
         node._proto_attributes = typed_attributes(node.proto)  # onnx2torch's parser drops empty lists

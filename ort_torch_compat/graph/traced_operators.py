@@ -78,12 +78,14 @@ def operators_in_use() -> bool:
 
 
 def _lstm_forward(
-    x_proj: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, r: torch.Tensor, reverse: bool
+    x_proj: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, r: torch.Tensor, reverse: bool, torch_gates: bool
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, h_n, c_n) of one direction, then what the backward needs, time-indexed: the
-    cell states, the sigmoid gates (i, o, f), the candidates and tanh of the cell states.
-    `x_proj` is [seq, batch, 4 * hidden] with both biases added, `r` ONNX's [4 * hidden, hidden]
-    recurrent weight of this direction."""
+    cell states, the sigmoid gates, the candidates and tanh of the cell states.
+    `x_proj` is [seq, batch, 4 * hidden] with both biases added, `r` the [4 * hidden, hidden]
+    recurrent weight of this direction; the gate blocks in ONNX's order (i, o, f, c; the
+    sigmoid gates i, o, f) or, `torch_gates`, in torch's (i, f, g, o: the sigmoid taken of
+    all four blocks in one call, the candidates' block unused)."""
     seq, hidden = x_proj.shape[0], h0.shape[-1]
     r_t = r.t()
     steps = x_proj.unbind(0)
@@ -92,8 +94,12 @@ def _lstm_forward(
     cs, sigs, cands, tcs = list(hs), list(hs), list(hs), list(hs)
     for k in _order(seq, reverse):
         g = torch.addmm(steps[k], h, r_t)
-        sig, cand = torch.sigmoid(g[:, : 3 * hidden]), torch.tanh(g[:, 3 * hidden :])
-        i, o, f = sig[:, :hidden], sig[:, hidden : 2 * hidden], sig[:, 2 * hidden :]  # slices: cheaper than a split
+        if torch_gates:
+            sig, cand = torch.sigmoid(g), torch.tanh(g[:, 2 * hidden : 3 * hidden])
+            i, f, o = sig[:, :hidden], sig[:, hidden : 2 * hidden], sig[:, 3 * hidden :]
+        else:
+            sig, cand = torch.sigmoid(g[:, : 3 * hidden]), torch.tanh(g[:, 3 * hidden :])
+            i, o, f = sig[:, :hidden], sig[:, hidden : 2 * hidden], sig[:, 2 * hidden :]  # slices: cheaper than a split
         c = torch.addcmul(f * c, i, cand)
         tc = torch.tanh(c)
         h = o * tc
@@ -106,21 +112,21 @@ def _order(seq: int, reverse: bool) -> range:
     return range(seq - 1, -1, -1) if reverse else range(seq)
 
 
-_LSTM_SCHEMA = "(Tensor x_proj, Tensor h0, Tensor c0, Tensor r, bool reverse) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
+_LSTM_SCHEMA = "(Tensor x_proj, Tensor h0, Tensor c0, Tensor r, bool reverse, bool torch_gates) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
 
 
 # schemas given: torch 2.6 reads no string annotations
 @torch.library.custom_op("ort_torch_compat::lstm_sequence", mutates_args=(), schema=_LSTM_SCHEMA)
 def lstm_sequence(
-    x_proj: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, r: torch.Tensor, reverse: bool
+    x_proj: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, r: torch.Tensor, reverse: bool, torch_gates: bool
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One LSTM direction (see the module docstring): y [seq, batch, hidden], h_n, c_n, then
     four tensors for the backward (not outputs of the ONNX node)."""
-    return _lstm_forward(x_proj, h0, c0, r, reverse)
+    return _lstm_forward(x_proj, h0, c0, r, reverse, torch_gates)
 
 
 @lstm_sequence.register_fake
-def _(x_proj, h0, c0, r, reverse):
+def _(x_proj, h0, c0, r, reverse, torch_gates):
     seq, batch, hidden = x_proj.shape[0], h0.shape[0], h0.shape[1]
     state = x_proj.new_empty(seq, batch, hidden)
     return (
@@ -128,17 +134,17 @@ def _(x_proj, h0, c0, r, reverse):
         h0.new_empty(batch, hidden),
         h0.new_empty(batch, hidden),
         x_proj.new_empty(seq, batch, hidden),
-        x_proj.new_empty(seq, batch, 3 * hidden),
+        x_proj.new_empty(seq, batch, (4 if torch_gates else 3) * hidden),
         x_proj.new_empty(seq, batch, hidden),
         x_proj.new_empty(seq, batch, hidden),
     )
 
 
 def _lstm_setup_context(ctx, inputs, output) -> None:
-    _, h0, c0, r, reverse = inputs
+    _, h0, c0, r, reverse, torch_gates = inputs
     y, _, _, cells, sigs, cands, tcs = output
     ctx.save_for_backward(h0, c0, r, y, cells, sigs, cands, tcs)
-    ctx.reverse = reverse
+    ctx.reverse, ctx.torch_gates = reverse, torch_gates
     ctx.set_materialize_grads(False)  # no zero-filled gradients of the outputs the backward ignores
 
 
@@ -146,22 +152,23 @@ def _lstm_backward(ctx, dy, dh_n, dc_n, *_unused) -> Tuple[Optional[torch.Tensor
     """The time steps' recurrence takes five calls a step; what does not depend on it is
     computed for all steps at once.  With dh the gradient of a step's state and dc of its
     cell: dc += dh * o * (1 - tanh(c)^2); the gates' gradient is [dc, dh, dc, dc] times
-    [cand * i(1 - i), tanh(c) * o(1 - o), c_prev * f(1 - f), i * (1 - cand^2)]; then
-    dc *= f and dh = gates' gradient @ r plus the output's gradient for the step before (one
-    addmm)."""
+    [cand * i(1 - i), tanh(c) * o(1 - o), c_prev * f(1 - f), i * (1 - cand^2)] (ONNX's gate
+    order; torch's: [dc, dc, dc, dh] times the i, f, g, o coefficients); then dc *= f and
+    dh = gates' gradient @ r plus the output's gradient for the step before (one addmm)."""
     h0, c0, r, y, cells, sigs, cands, tcs = ctx.saved_tensors
     seq, hidden = y.shape[0], h0.shape[-1]
-    i, o, f = sigs.split(hidden, dim=2)
+    if ctx.torch_gates:
+        i, f, _, o = sigs.split(hidden, dim=2)
+    else:
+        i, o, f = sigs.split(hidden, dim=2)
     through_tanh = torch.ops.aten.tanh_backward(o, tcs)
-    coefficients = torch.cat(
-        [
-            torch.ops.aten.sigmoid_backward(cands, i),
-            torch.ops.aten.sigmoid_backward(tcs, o),
-            torch.ops.aten.sigmoid_backward(_starts(cells, c0, ctx.reverse), f),
-            torch.ops.aten.tanh_backward(i, cands),
-        ],
-        2,
-    )
+    gate_coefficients = {
+        "i": torch.ops.aten.sigmoid_backward(cands, i),
+        "o": torch.ops.aten.sigmoid_backward(tcs, o),
+        "f": torch.ops.aten.sigmoid_backward(_starts(cells, c0, ctx.reverse), f),
+        "c": torch.ops.aten.tanh_backward(i, cands),
+    }
+    coefficients = torch.cat([gate_coefficients[gate] for gate in ("ifco" if ctx.torch_gates else "iofc")], 2)
     dc = dc_n if dc_n is not None else torch.zeros_like(c0)
     dys = dy.unbind(0) if dy is not None else None
     order = list(reversed(_order(seq, ctx.reverse)))
@@ -173,7 +180,7 @@ def _lstm_backward(ctx, dy, dh_n, dc_n, *_unused) -> Tuple[Optional[torch.Tensor
     dgs: List[torch.Tensor] = [dc] * seq
     for position, k in enumerate(order):
         dc = torch.addcmul(dc, dh, tanh_steps[k])
-        dg = torch.cat([dc, dh, dc, dc], 1) * coefficient_steps[k]
+        dg = torch.cat([dc, dc, dc, dh] if ctx.torch_gates else [dc, dh, dc, dc], 1) * coefficient_steps[k]
         dgs[k] = dg
         dc = dc * f_steps[k]
         if dys is not None and position + 1 < seq:  # the step before's output gradient added by the product
@@ -182,7 +189,7 @@ def _lstm_backward(ctx, dy, dh_n, dc_n, *_unused) -> Tuple[Optional[torch.Tensor
             dh = dg.mm(r)
     d_proj = torch.stack(dgs, 0)
     dr = d_proj.reshape(-1, 4 * hidden).t().mm(_starts(y, h0, ctx.reverse).reshape(-1, hidden))
-    return d_proj, dh, dc, dr, None
+    return d_proj, dh, dc, dr, None, None
 
 
 def _starts(values: torch.Tensor, initial: torch.Tensor, reverse: bool) -> torch.Tensor:

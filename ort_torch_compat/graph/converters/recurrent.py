@@ -20,19 +20,25 @@ LSTM's recurrent bias (added to the projection), the time steps' slices (one unb
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, List, Optional, Sequence
 
 import torch
 
 from ..converter_registry import register
 from ..dense_kernel import plain_aten_active
+from ..fusion import FUSED_DOMAIN
+from ..recurrent_layout import TORCH_BLOCK_OF_ONNX_GATE
 from ._common import OnnxGraph, OnnxModule, OnnxNode, result
 from .named_activations import named_activation
 
 _DEFAULT_ACTIVATIONS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
 _GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
-# Where torch's gate blocks come from in ONNX's layout: LSTM i,o,f,c -> i,f,c,o; GRU z,r,h -> r,z,n.
-_TORCH_GATE_ORDER = {"LSTM": (0, 2, 3, 1), "GRU": (1, 0, 2)}
+# Where torch's gate blocks come from in ONNX's layout: LSTM i,o,f,c -> i,f,c,o (0, 2, 3, 1); GRU z,r,h -> r,z,n.
+_TORCH_GATE_ORDER = {
+    cell: tuple(blocks.index(position) for position in range(len(blocks)))
+    for cell, blocks in TORCH_BLOCK_OF_ONNX_GATE.items()
+}
 _NATIVE_ACTIVATIONS = {"LSTM": (torch.sigmoid, torch.tanh, torch.tanh), "GRU": (torch.sigmoid, torch.tanh)}
 
 
@@ -67,25 +73,16 @@ class Recurrent(OnnxModule):
 
     def forward(self, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None):
         if self.layout == 1:
-            x = x.transpose(0, 1)
-            initial_h = None if initial_h is None else initial_h.transpose(0, 1)
-            initial_c = None if initial_c is None else initial_c.transpose(0, 1)
-        if (
-            sequence_lens is None
-            and p is None
-            and x.device.type == "cpu"
-            and x.dtype in (torch.float32, torch.float64)
-            and w.dtype == x.dtype
-            and r.dtype == x.dtype
-        ):
+            x, initial_h, initial_c = _time_major(x, initial_h, initial_c)
+        if sequence_lens is None and p is None and _on_fast_path(x, w, r):
             traced = plain_aten_active()
             if self.native and not traced:
-                return self._native(x, w, r, b, initial_h, initial_c)
-            if self.sequence_operator and traced and x.shape[0] > 0:
-                from .. import traced_operators  # registers its operators: only where a trace needs them
-
-                if traced_operators.operators_in_use():
-                    return self._traced_lstm(x, w, r, b, initial_h, initial_c, traced_operators.lstm_sequence)
+                return self._native(x, self._torch_parameters(w, r, b), b is not None, initial_h, initial_c)
+            if self.sequence_operator and traced and x.shape[0] > 0 and _operators_in_use():
+                biases = None if b is None else _per_direction(b.view(w.shape[0], 2, 4 * self.hidden).sum(1))
+                return self._traced_lstm(
+                    x, _per_direction(w), _per_direction(r), biases, initial_h, initial_c, torch_gates=False
+                )
         seq, batch = x.shape[0], x.shape[1]
         gates = _GATES[self.cell]
         per_direction = len(self.activations) // w.shape[0]
@@ -144,56 +141,66 @@ class Recurrent(OnnxModule):
             cs.append(c)
         return self._onnx_outputs(torch.stack(ys, 1), torch.stack(hs, 0), torch.stack(cs, 0))
 
-    def _native(self, x, w, r, b, initial_h, initial_c):
-        """torch's LSTM/GRU op on ONNX's weights (see the module docstring); `x` is [seq, batch, in]."""
-        seq, batch, hidden = x.shape[0], x.shape[1], self.hidden
-        directions = w.shape[0]
+    def _torch_parameters(self, w, r, b) -> List[torch.Tensor]:
+        """ONNX's stacked W, R (and B) as torch's recurrent op takes them: per direction
+        the input and recurrent weights (and their biases) with torch's gate order."""
         order = list(_TORCH_GATE_ORDER[self.cell])
-        gates = len(order)
+        gates, hidden = len(order), self.hidden
 
         def torch_layout(t):  # [gates * hidden, ...] with torch's gate order
             return t.reshape(gates, hidden, *t.shape[1:])[order].reshape(t.shape)
 
         flat = []
-        for d in range(directions):
+        for d in range(w.shape[0]):
             flat += [torch_layout(w[d]), torch_layout(r[d])]
             if b is not None:
                 flat += [torch_layout(b[d, : gates * hidden]), torch_layout(b[d, gates * hidden :])]
+        return flat
+
+    def _native(self, x, flat, has_biases, initial_h, initial_c):
+        """torch's LSTM/GRU op on its flat parameters (per direction: input and recurrent
+        weights, then their biases where `has_biases`; torch's gate order); `x` is [seq, batch, in]."""
+        seq, batch, hidden = x.shape[0], x.shape[1], self.hidden
+        directions = 2 if self.direction == "bidirectional" else 1
         h0 = initial_h if initial_h is not None else x.new_zeros(directions, batch, hidden)
         bidirectional = directions == 2
         if self.cell == "LSTM":
             c0 = initial_c if initial_c is not None else x.new_zeros(directions, batch, hidden)
             y, y_h, y_c = torch._VF.lstm(
-                x, (h0, c0), flat, b is not None, 1, 0.0, torch.is_grad_enabled(), bidirectional, False
+                x, (h0, c0), flat, has_biases, 1, 0.0, torch.is_grad_enabled(), bidirectional, False
             )
         else:
-            y, y_h = torch._VF.gru(x, h0, flat, b is not None, 1, 0.0, torch.is_grad_enabled(), bidirectional, False)
+            y, y_h = torch._VF.gru(x, h0, flat, has_biases, 1, 0.0, torch.is_grad_enabled(), bidirectional, False)
             y_c = None
         return self._onnx_outputs(y.view(seq, batch, directions, hidden).transpose(1, 2), y_h, y_c)
 
-    def _traced_lstm(self, x, w, r, b, initial_h, initial_c, lstm_sequence):
+    def _traced_lstm(self, x, ws, rs, biases, initial_h, initial_c, torch_gates):
         """The LSTM as `lstm_sequence` operators, one per direction, for a trace without
-        autograd (graph/traced_operators.py); `x` is [seq, batch, in].  A direction's
-        weights are taken as views whose backward is a view too (one direction) or one
-        stack (two), not selects, whose backward fills a zero tensor per weight; the two
-        biases are added as a sum over a view (backward: an expand)."""
+        autograd (graph/traced_operators.py); `x` is [seq, batch, in], `ws`, `rs` and
+        `biases` (each direction's two biases summed, or None) per direction, with ONNX's
+        gate order or, `torch_gates`, torch's.  ONNX's stacked weights are taken as views
+        whose backward is a view too (one direction) or one stack (two), not selects, whose
+        backward fills a zero tensor per weight; its two biases are added as a sum over a
+        view (backward: an expand)."""
+        from .. import traced_operators
+
         seq, batch, hidden = x.shape[0], x.shape[1], self.hidden
-        directions = w.shape[0]
-        ws, rs = _per_direction(w), _per_direction(r)
-        bs = None if b is None else _per_direction(b.view(directions, 2, 4 * hidden).sum(1))
         h0s = _per_direction(initial_h) if initial_h is not None else None
         c0s = _per_direction(initial_c) if initial_c is not None else None
         inputs = x.reshape(seq * batch, x.shape[2])
         ys, hs, cs = [], [], []
-        for d in range(directions):
-            if bs is None:
+        for d in range(len(ws)):
+            if biases is None:
                 x_proj = torch.mm(inputs, ws[d].t())
             else:
-                x_proj = torch.addmm(bs[d], inputs, ws[d].t())
+                x_proj = torch.addmm(biases[d], inputs, ws[d].t())
             h0 = h0s[d] if h0s is not None else x.new_zeros(batch, hidden)
             c0 = c0s[d] if c0s is not None else x.new_zeros(batch, hidden)
             reverse = self.direction == "reverse" or d == 1
-            y, h, c = lstm_sequence(x_proj.view(seq, batch, 4 * hidden), h0, c0, rs[d], reverse)[:3]
+            sequence = traced_operators.lstm_sequence(
+                x_proj.view(seq, batch, 4 * hidden), h0, c0, rs[d], reverse, torch_gates
+            )
+            y, h, c = sequence[:3]
             ys.append(y)
             hs.append(h)
             cs.append(c)
@@ -260,6 +267,83 @@ class Recurrent(OnnxModule):
         return (1 - z) * cand + z * h
 
 
+class TorchGateRecurrent(Recurrent):
+    """An LSTM/GRU node fed its layer's parameters as torch holds them
+    (graph/recurrent_layout.py: per direction the input and recurrent weights,
+    [gates * hidden, in] and [gates * hidden, hidden], and their biases, torch's gate
+    order).  On the fast paths they go to torch's op or `lstm_sequence` as they are;
+    elsewhere (another device or dtype, traces for the compiler) they are stacked in ONNX's
+    layout, what the exporter's reordering made, and run as the ONNX node."""
+
+    def forward(
+        self,
+        x,
+        w_ih,
+        w_hh,
+        b_ih=None,
+        b_hh=None,
+        w_ih_reverse=None,
+        w_hh_reverse=None,
+        b_ih_reverse=None,
+        b_hh_reverse=None,
+        initial_h=None,
+        initial_c=None,
+    ):
+        ws = [w_ih] if w_ih_reverse is None else [w_ih, w_ih_reverse]
+        rs = [w_hh] if w_hh_reverse is None else [w_hh, w_hh_reverse]
+        biases = None if b_ih is None else [(b_ih, b_hh), (b_ih_reverse, b_hh_reverse)][: len(ws)]
+        if self.native and _on_fast_path(x, *ws, *rs):
+            x_t, h0, c0 = _time_major(x, initial_h, initial_c) if self.layout == 1 else (x, initial_h, initial_c)
+            if not plain_aten_active():
+                flat = []
+                for d in range(len(ws)):
+                    flat += [ws[d], rs[d], *(biases[d] if biases is not None else ())]
+                return self._native(x_t, flat, biases is not None, h0, c0)
+            if self.sequence_operator and x_t.shape[0] > 0 and _operators_in_use():
+                sums = None if biases is None else [b_i + b_h for b_i, b_h in biases]
+                return self._traced_lstm(x_t, ws, rs, sums, h0, c0, torch_gates=True)
+        onnx_layout = functools.partial(_onnx_layout, self.cell, self.hidden)
+        w = _stacked([onnx_layout(one) for one in ws], 0)
+        r = _stacked([onnx_layout(one) for one in rs], 0)
+        b = None
+        if biases is not None:
+            b = _stacked([torch.cat([onnx_layout(b_i), onnx_layout(b_h)]) for b_i, b_h in biases], 0)
+        return super().forward(x, w, r, b, None, initial_h, initial_c)
+
+
+def _onnx_layout(cell: str, hidden: int, tensor: torch.Tensor) -> torch.Tensor:
+    """A torch-layout parameter [gates * hidden, ...] with ONNX's gate order."""
+    order = list(TORCH_BLOCK_OF_ONNX_GATE[cell])
+    return tensor.reshape(len(order), hidden, *tensor.shape[1:])[order].reshape(tensor.shape)
+
+
+def _time_major(x, initial_h, initial_c):
+    """layout 1's batch-first input and states as layout 0's."""
+    return (
+        x.transpose(0, 1),
+        None if initial_h is None else initial_h.transpose(0, 1),
+        None if initial_c is None else initial_c.transpose(0, 1),
+    )
+
+
+def _on_fast_path(x: torch.Tensor, *weights: torch.Tensor) -> bool:
+    """Whether torch's recurrent op (or `lstm_sequence`) may run the node: CPU, float32 or
+    float64, the weights of the input's dtype."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.float64)
+        and all(weight.dtype == x.dtype for weight in weights)
+    )
+
+
+def _operators_in_use() -> bool:
+    """Whether this trace runs graph/traced_operators.py's operators (imported here only:
+    registering them costs 13 ms at model load)."""
+    from .. import traced_operators
+
+    return traced_operators.operators_in_use()
+
+
 def _per_direction(tensor: torch.Tensor) -> Sequence[torch.Tensor]:
     """`tensor`'s slices along dim 0 (directions): a squeeze for one, an unbind for two."""
     return [tensor.squeeze(0)] if tensor.shape[0] == 1 else tensor.unbind(0)
@@ -270,7 +354,7 @@ def _stacked(tensors: List[torch.Tensor], dim: int) -> torch.Tensor:
     return tensors[0].unsqueeze(dim) if len(tensors) == 1 else torch.stack(tensors, dim)
 
 
-def _recurrent(cell: str):
+def _recurrent(cell: str, module_class: type = Recurrent):
     def convert(node: OnnxNode, graph: OnnxGraph):
         a = node.attributes
         outputs = 3 if cell == "LSTM" else 2
@@ -286,7 +370,7 @@ def _recurrent(cell: str):
         ]
         if len(acts) == len(_DEFAULT_ACTIVATIONS[cell]) and directions == 2:
             acts = acts * 2
-        module = Recurrent(
+        module = module_class(
             cell,
             int(a["hidden_size"]),
             direction,
@@ -307,3 +391,5 @@ register("LSTM", 7, 14, 22)(_recurrent("LSTM"))
 register("GRU", 3, 7, 14, 22)(_recurrent("GRU"))
 register("LSTMTraining", 1, domain="com.microsoft")(_recurrent("LSTM"))
 register("GRUTraining", 1, domain="com.microsoft")(_recurrent("GRU"))
+register("LSTMTorchGates", 1, domain=FUSED_DOMAIN)(_recurrent("LSTM", TorchGateRecurrent))
+register("GRUTorchGates", 1, domain=FUSED_DOMAIN)(_recurrent("GRU", TorchGateRecurrent))
