@@ -16,11 +16,13 @@ direction (graph/traced_operators.py: the same equations, a backward of fewer ca
 Other traces keep the loop, which Inductor fuses and the traced step (engine/traced_step.py)
 runs call by call for the other cells, so what does not change between time steps is
 computed once per direction: the input projection, the recurrent weights' transposes, an
-LSTM's recurrent bias (added to the projection), the time steps' slices (one unbind)."""
+LSTM's recurrent bias (added to the projection), the time steps' slices (one unbind).
+A torch-exported layer whose gates the exporter only reordered (graph/recurrent_layout.py)
+runs as `TorchGateRecurrent`, on the layer's own parameters in torch's gate order: no
+reordering on any path."""
 
 from __future__ import annotations
 
-import functools
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -70,6 +72,7 @@ class Recurrent(OnnxModule):
         )
         self.native = plain and direction != "reverse"  # torch's op runs reverse only as bidirectional's half
         self.sequence_operator = plain and cell == "LSTM"  # graph/traced_operators.py, in traces
+        self.torch_gates = False  # the weights' gate blocks in ONNX's order (TorchGateRecurrent: torch's)
 
     def forward(self, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None):
         if self.layout == 1:
@@ -81,7 +84,7 @@ class Recurrent(OnnxModule):
             if self.sequence_operator and traced and x.shape[0] > 0 and _operators_in_use():
                 biases = None if b is None else _per_direction(b.view(w.shape[0], 2, 4 * self.hidden).sum(1))
                 return self._traced_lstm(
-                    x, _per_direction(w), _per_direction(r), biases, initial_h, initial_c, torch_gates=False
+                    x, _per_direction(w), _per_direction(r), biases, initial_h, initial_c, self.torch_gates
                 )
         seq, batch = x.shape[0], x.shape[1]
         gates = _GATES[self.cell]
@@ -144,7 +147,7 @@ class Recurrent(OnnxModule):
     def _torch_parameters(self, w, r, b) -> List[torch.Tensor]:
         """ONNX's stacked W, R (and B) as torch's recurrent op takes them: per direction
         the input and recurrent weights (and their biases) with torch's gate order."""
-        order = list(_TORCH_GATE_ORDER[self.cell])
+        order = list(range(_GATES[self.cell]) if self.torch_gates else _TORCH_GATE_ORDER[self.cell])
         gates, hidden = len(order), self.hidden
 
         def torch_layout(t):  # [gates * hidden, ...] with torch's gate order
@@ -235,12 +238,16 @@ class Recurrent(OnnxModule):
     def _clipped(self, value):
         return value if self.clip is None else value.clamp(-self.clip, self.clip)
 
+    def _onnx_gates(self, blocks: Sequence) -> Sequence:
+        """The gate blocks of the weights' layout in ONNX's order (LSTM i, o, f, c; GRU z, r, h)."""
+        return [blocks[p] for p in TORCH_BLOCK_OF_ONNX_GATE[self.cell]] if self.torch_gates else blocks
+
     def _lstm_step(self, xw, h, c, r_t, rb, peep, acts):
         f_act, g_act, h_act = acts
         g = xw + torch.matmul(h, r_t)
         if rb is not None:
             g = g + rb
-        i, o, f, cand = g.chunk(4, dim=-1)
+        i, o, f, cand = self._onnx_gates(g.chunk(4, dim=-1))
         if peep is not None:
             p_i, p_o, p_f = peep.chunk(3)
             i, f = i + p_i * c, f + p_f * c
@@ -255,9 +262,9 @@ class Recurrent(OnnxModule):
     def _gru_step(self, xw, h, r_t, rb, acts):
         f_act, g_act = acts
         hid = self.hidden
-        xz, xr, xh = xw.split(hid, dim=-1)
-        rz_t, rr_t, rh_t = r_t
-        bz, br, bh = rb.split(hid) if rb is not None else (0.0, 0.0, 0.0)
+        xz, xr, xh = self._onnx_gates(xw.split(hid, dim=-1))
+        rz_t, rr_t, rh_t = self._onnx_gates(r_t)
+        bz, br, bh = self._onnx_gates(rb.split(hid)) if rb is not None else (0.0, 0.0, 0.0)
         z = f_act(self._clipped(xz + torch.matmul(h, rz_t) + bz))
         rt = f_act(self._clipped(xr + torch.matmul(h, rr_t) + br))
         if self.linear_before_reset:
@@ -272,8 +279,13 @@ class TorchGateRecurrent(Recurrent):
     (graph/recurrent_layout.py: per direction the input and recurrent weights,
     [gates * hidden, in] and [gates * hidden, hidden], and their biases, torch's gate
     order).  On the fast paths they go to torch's op or `lstm_sequence` as they are;
-    elsewhere (another device or dtype, traces for the compiler) they are stacked in ONNX's
-    layout, what the exporter's reordering made, and run as the ONNX node."""
+    elsewhere (another device or dtype, traces for the compiler) they are stacked as ONNX's
+    W, R and B are and run through the ONNX node's code, which reads the gates in torch's
+    order (`torch_gates`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.torch_gates = True
 
     def forward(
         self,
@@ -302,19 +314,8 @@ class TorchGateRecurrent(Recurrent):
             if self.sequence_operator and x_t.shape[0] > 0 and _operators_in_use():
                 sums = None if biases is None else [b_i + b_h for b_i, b_h in biases]
                 return self._traced_lstm(x_t, ws, rs, sums, h0, c0, torch_gates=True)
-        onnx_layout = functools.partial(_onnx_layout, self.cell, self.hidden)
-        w = _stacked([onnx_layout(one) for one in ws], 0)
-        r = _stacked([onnx_layout(one) for one in rs], 0)
-        b = None
-        if biases is not None:
-            b = _stacked([torch.cat([onnx_layout(b_i), onnx_layout(b_h)]) for b_i, b_h in biases], 0)
-        return super().forward(x, w, r, b, None, initial_h, initial_c)
-
-
-def _onnx_layout(cell: str, hidden: int, tensor: torch.Tensor) -> torch.Tensor:
-    """A torch-layout parameter [gates * hidden, ...] with ONNX's gate order."""
-    order = list(TORCH_BLOCK_OF_ONNX_GATE[cell])
-    return tensor.reshape(len(order), hidden, *tensor.shape[1:])[order].reshape(tensor.shape)
+        b = None if biases is None else _stacked([torch.cat([b_i, b_h]) for b_i, b_h in biases], 0)
+        return super().forward(x, _stacked(ws, 0), _stacked(rs, 0), b, None, initial_h, initial_c)
 
 
 def _time_major(x, initial_h, initial_c):
