@@ -9,6 +9,7 @@ import contextlib
 import glob
 import io
 
+import numpy
 import onnx
 import pytest
 import torch
@@ -22,11 +23,11 @@ from ort_torch_compat.graph.traced_operators import operators_in_traces
 SEQ, BATCH, FEATURES, HIDDEN = 5, 3, 6, 4
 
 
-def _export(cell: str, bidirectional: bool, bias: bool, opset: int = 17) -> onnx.ModelProto:
+def _export(cell: str, bidirectional: bool, bias: bool, opset: int = 17, layers: int = 1) -> onnx.ModelProto:
     """The layer exported as training exports are made (parameters kept, not folded), with
     its parameters as graph inputs, as in a training model."""
     torch.manual_seed(0)
-    layer = getattr(torch.nn, cell)(FEATURES, HIDDEN, bias=bias, bidirectional=bidirectional)
+    layer = getattr(torch.nn, cell)(FEATURES, HIDDEN, layers, bias=bias, bidirectional=bidirectional)
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -73,9 +74,9 @@ def _fused_ops(model: onnx.ModelProto):
     return [n.op_type for n in torch_gate_recurrents(model.graph, list(model.graph.node)) if "TorchGates" in n.op_type]
 
 
-def _reference(model: onnx.ModelProto, cell: str, bidirectional: bool, bias: bool, x, parameters):
+def _reference(model: onnx.ModelProto, cell: str, bidirectional: bool, bias: bool, x, parameters, layers: int = 1):
     """torch's own layer in float64 with the exported parameters."""
-    layer = getattr(torch.nn, cell)(FEATURES, HIDDEN, bias=bias, bidirectional=bidirectional).double()
+    layer = getattr(torch.nn, cell)(FEATURES, HIDDEN, layers, bias=bias, bidirectional=bidirectional).double()
     with torch.no_grad():
         for name, value in zip(_parameter_names(model), parameters):
             getattr(layer, name[len("layer.") :]).copy_(value)
@@ -205,3 +206,83 @@ def test_slices_read_elsewhere_are_kept():
     assert [n.op_type for n in nodes if "TorchGates" in n.op_type] == ["LSTMTorchGates"]
     produced = {out for node in nodes for out in node.output}
     assert concat.input[1] in produced and concat.input[0] not in produced and concat.output[0] not in produced
+
+
+def _mutated(seed: int) -> onnx.ModelProto:
+    """The exported bidirectional LSTM with one of its reordering's parts changed at random:
+    a Slice bound, a Concat's order, an Unsqueeze's axis, the node's hidden size or direction."""
+    rng = numpy.random.default_rng(seed)
+    model = _export("LSTM", True, True)
+    by_output = {out: node for node in model.graph.node for out in node.output}
+    slicing = [n for n in model.graph.node if n.op_type in ("Slice", "Concat", "Unsqueeze")]
+    lstm = next(n for n in model.graph.node if n.op_type == "LSTM")
+    kind = seed % 4
+    if kind == 0:  # a Slice's start or end (a Constant input)
+        node = rng.choice([n for n in slicing if n.op_type == "Slice"])
+        constant = by_output[node.input[int(rng.integers(1, 3))]]
+        value = int(rng.integers(-3 * HIDDEN, 5 * HIDDEN))
+        constant.attribute[0].t.CopyFrom(numpy_helper.from_array(numpy.array([value], "int64")))
+    elif kind == 1:  # a Concat's inputs reordered
+        node = rng.choice([n for n in slicing if n.op_type == "Concat" and len(n.input) > 1])
+        order = rng.permutation(len(node.input))
+        node.input[:] = [node.input[i] for i in order]
+    elif kind == 2:  # an Unsqueeze's axis
+        node = rng.choice([n for n in slicing if n.op_type == "Unsqueeze"])
+        by_output[node.input[1]].attribute[0].t.CopyFrom(numpy_helper.from_array(numpy.array([1], "int64")))
+    else:  # the node's attributes
+        for attribute in lstm.attribute:
+            if attribute.name == "hidden_size" and rng.random() < 0.5:
+                attribute.i = int(rng.integers(-1, 2 * HIDDEN))
+            if attribute.name == "direction":
+                attribute.s = rng.choice([b"forward", b"reverse", b"\xff\xfe", b"bidirectional"])
+    return model
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_changed_reorderings_are_rewritten_only_where_exact(seed, monkeypatch):
+    """Fuzzed: the pass never raises, and where it still rewrites the node, the module
+    computes what the graph as written computes, or fails where that fails (a change outside
+    the reordering, such as an Unsqueeze of the initial states' shape)."""
+    from ort_torch_compat.graph import module_builder
+
+    model = _mutated(seed)
+    if not _fused_ops(model):
+        return
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(SEQ, BATCH, FEATURES, generator=generator, dtype=torch.float64)
+    parameters = [torch.randn(*_dims(i), generator=generator, dtype=torch.float64) for i in model.graph.input[1:]]
+
+    def run():
+        try:
+            return _build(model).double()(x, *parameters)[0]
+        except Exception as error:  # what the graph as written raises, compared below
+            return type(error)
+
+    rewritten = run()
+    monkeypatch.setattr(module_builder, "torch_gate_recurrents", lambda graph, nodes: list(nodes))
+    as_written = run()
+    if isinstance(as_written, type):
+        assert rewritten is as_written
+    else:
+        torch.testing.assert_close(rewritten, as_written, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("path", ["native", "lstm_sequence", "loop"])
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+def test_stacked_layers_are_each_rewritten(cell, path):
+    """Two bidirectional layers: two nodes, each fed its own layer's parameters."""
+    model = _export(cell, True, True, layers=2)
+    assert _fused_ops(model) == [f"{cell}TorchGates"] * 2
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(SEQ, BATCH, FEATURES, generator=generator, dtype=torch.float64, requires_grad=True)
+    parameters = [
+        torch.randn(*_dims(i), generator=generator, dtype=torch.float64).requires_grad_() for i in model.graph.input[1:]
+    ]
+    with contextlib.ExitStack() as stack:
+        for context in _path(path):
+            stack.enter_context(context)
+        actual = _build(model).double()(x, *parameters)[0]
+    expected, wanted = _reference(model, cell, True, True, x, parameters, layers=2)
+    torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-12)
+    for a, e in zip(torch.autograd.grad(actual.sum(), [x, *parameters]), torch.autograd.grad(expected.sum(), wanted)):
+        torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)

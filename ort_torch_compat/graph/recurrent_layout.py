@@ -63,19 +63,25 @@ class _Graph:
                 self.rows[info.name] = dims[0].dim_value
 
     def constant(self, name: str) -> Optional[List[int]]:
-        """The integers of a constant value (initializer or Constant node), else None."""
-        if name in self.initializers:
-            return numpy_helper.to_array(self.initializers[name]).reshape(-1).tolist()
+        """The integers of a constant value (initializer or Constant node), else None (also
+        for a tensor that does not decode: the converters report those)."""
+        tensor = self.initializers.get(name)
         node = self.producer.get(name)
-        if node is not None and node.op_type == "Constant" and _domain(node) == "":
+        if tensor is None and node is not None and node.op_type == "Constant" and _domain(node) == "":
             for attribute in node.attribute:
                 if attribute.name == "value":
-                    return numpy_helper.to_array(attribute.t).reshape(-1).tolist()
-                if attribute.name == "value_ints":
+                    tensor = attribute.t
+                elif attribute.name == "value_ints":
                     return list(attribute.ints)
-                if attribute.name == "value_int":
+                elif attribute.name == "value_int":
                     return [attribute.i]
-        return None
+        if tensor is None:
+            return None
+        try:
+            values = numpy_helper.to_array(tensor)
+        except (ValueError, TypeError, AttributeError):
+            return None
+        return values.reshape(-1).tolist() if values.dtype.kind in "iu" else None
 
     def operand(self, node: onnx.NodeProto, attribute: str, position: int) -> Optional[List[int]]:
         """An integer list given as an attribute (older opsets) or as a constant input."""
@@ -217,17 +223,17 @@ def _torch_sources(
 def _plain(node: onnx.NodeProto, cell: str) -> bool:
     """Default activations, no clip, input_forget, sequence_lens or peepholes, not reverse."""
     attributes = {a.name: a for a in node.attribute}
-    direction = attributes["direction"].s.decode() if "direction" in attributes else "forward"
-    if direction not in ("forward", "bidirectional") or "clip" in attributes:
+    direction = attributes["direction"].s if "direction" in attributes else b"forward"
+    if direction not in (b"forward", b"bidirectional") or "clip" in attributes:
         return False
     if "input_forget" in attributes and attributes["input_forget"].i:
         return False
     if cell == "GRU" and not ("linear_before_reset" in attributes and attributes["linear_before_reset"].i):
         return False  # torch's GRU computes the reset gate's product first
     if "activations" in attributes:
-        names = [n.decode() for n in attributes["activations"].strings]
-        directions = 2 if direction == "bidirectional" else 1
-        if names != _DEFAULT_ACTIVATIONS[cell] * directions and names != _DEFAULT_ACTIVATIONS[cell]:
+        names = list(attributes["activations"].strings)
+        defaults = [name.encode() for name in _DEFAULT_ACTIVATIONS[cell]]
+        if names != defaults * (2 if direction == b"bidirectional" else 1) and names != defaults:
             return False
     if "activation_alpha" in attributes or "activation_beta" in attributes:
         return False
@@ -238,7 +244,7 @@ def _plain(node: onnx.NodeProto, cell: str) -> bool:
 def _rewritten(node: onnx.NodeProto, cell: str, graph: _Graph, visited: List[onnx.NodeProto]):
     """The fused node replacing `node`, or None where its weights are not torch's reordered."""
     attributes = {a.name: a for a in node.attribute}
-    if "hidden_size" not in attributes or not _plain(node, cell):
+    if "hidden_size" not in attributes or attributes["hidden_size"].i <= 0 or not _plain(node, cell):
         return None
     hidden = attributes["hidden_size"].i
     bidirectional = "direction" in attributes and attributes["direction"].s == b"bidirectional"
