@@ -12,6 +12,7 @@ import importlib.util
 import os
 import pathlib
 import sys
+import time
 from typing import Dict, List, Set
 
 EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "ddp_train.py"
@@ -66,6 +67,10 @@ def main() -> None:
     finally:
         dist.init_process_group = init_process_group
     left = gloo_threads(started_by_init)
+    deadline = time.monotonic() + 2.0
+    while left and time.monotonic() < deadline:  # gloo's transport loop can end just after the group's
+        time.sleep(0.05)  # last holder let go (seen once in a full suite run on 2 loaded cores: one
+        left = gloo_threads(started_by_init)  # gloo_tcp_loop alive as main() returned); a leak stays
     print(f"gloo threads after training: {seen_while_training}; after main(): {left}", flush=True)
     if not seen_while_training:
         sys.exit("no gloo thread seen while training: init_process_group started none and none is named gloo")
