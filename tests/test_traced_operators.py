@@ -10,6 +10,7 @@ from ort_torch_compat.graph import dense_kernel
 from ort_torch_compat.graph.converters.recurrent import Recurrent
 from ort_torch_compat.graph.traced_operators import (
     TRACED_OPERATOR_DECOMPOSITIONS,
+    gru_sequence,
     lstm_sequence,
     onednn_linear,
     operators_in_traces,
@@ -96,16 +97,18 @@ def test_the_joint_trace_inlines_it_with_one_recurrent_weight_product(reverse, t
         torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 @pytest.mark.parametrize("layout", [0, 1])
 @pytest.mark.parametrize("optional_inputs", [True, False])
-def test_the_converter_traces_the_operator_where_the_loop_ran(direction, layout, optional_inputs):
+def test_the_converter_traces_the_operator_where_the_loop_ran(direction, layout, optional_inputs, cell):
     """The ONNX node as traced for the traced step: the numbers and gradients of the time
     loop (which a trace for the compiler keeps)."""
     directions = 2 if direction == "bidirectional" else 1
-    acts = [torch.sigmoid, torch.tanh, torch.tanh] * directions
-    module = Recurrent("LSTM", HIDDEN, direction, layout, 0, 3, acts, None, False)
-    loop = Recurrent("LSTM", HIDDEN, direction, layout, 0, 3, acts, None, False)
+    gates, outputs = (4, 3) if cell == "LSTM" else (3, 2)
+    acts = ([torch.sigmoid, torch.tanh, torch.tanh] if cell == "LSTM" else [torch.sigmoid, torch.tanh]) * directions
+    module = Recurrent(cell, HIDDEN, direction, layout, 1, outputs, acts, None, False)
+    loop = Recurrent(cell, HIDDEN, direction, layout, 1, outputs, acts, None, False)
     loop.native = loop.sequence_operator = False
     generator = torch.Generator().manual_seed(4)
 
@@ -114,10 +117,12 @@ def test_the_converter_traces_the_operator_where_the_loop_ran(direction, layout,
 
     x = rand(BATCH, SEQ, FEATURES) if layout else rand(SEQ, BATCH, FEATURES)
     states = (BATCH, directions, HIDDEN) if layout else (directions, BATCH, HIDDEN)
-    inputs = [x, rand(directions, 4 * HIDDEN, FEATURES), rand(directions, 4 * HIDDEN, HIDDEN)]
+    inputs = [x, rand(directions, gates * HIDDEN, FEATURES), rand(directions, gates * HIDDEN, HIDDEN)]
     if optional_inputs:  # biases and initial states
-        inputs += [rand(directions, 8 * HIDDEN), None, rand(*states), rand(*states)]
+        inputs += [rand(directions, 2 * gates * HIDDEN), None, rand(*states)]
+        inputs += [rand(*states)] if cell == "LSTM" else []
     trainable = [t for t in inputs if t is not None]
+    assert module.sequence_operator
     with dense_kernel.plain_aten_kernels(), operators_in_traces(True):
         actual = module(*inputs)
     expected = loop(*inputs)
@@ -146,6 +151,76 @@ def test_traces_for_the_compiler_keep_the_time_loop():
         graph = make_fx(module, tracing_mode="fake")(*inputs)
     targets = {str(node.target) for node in graph.graph.nodes if node.op == "call_function"}
     assert "ort_torch_compat.lstm_sequence.default" in targets
+
+
+def _onnx_gru(x_proj, h, r, rb, reverse, torch_gates=False):
+    """ONNX's GRU equations with linear_before_reset (default activations), step by step;
+    the gate blocks in ONNX's order (z, r, h) or torch's (r, z, n)."""
+    ys = [None] * x_proj.shape[0]
+    for k in range(x_proj.shape[0] - 1, -1, -1) if reverse else range(x_proj.shape[0]):
+        x_blocks, h_blocks = x_proj[k].chunk(3, dim=1), (h @ r.t() + rb).chunk(3, dim=1)
+        order = (1, 0, 2) if torch_gates else (0, 1, 2)
+        (xz, xr, xn), (hz, hr, hn) = [[blocks[i] for i in order] for blocks in (x_blocks, h_blocks)]
+        z, reset = torch.sigmoid(xz + hz), torch.sigmoid(xr + hr)
+        n = torch.tanh(xn + reset * hn)
+        h = (1 - z) * n + z * h
+        ys[k] = h
+    return torch.stack(ys), h
+
+
+def _gru_inputs(seed, seq=SEQ, batch=BATCH, hidden=HIDDEN):
+    generator = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64).requires_grad_()
+
+    return rand(seq, batch, 3 * hidden), rand(batch, hidden), rand(3 * hidden, hidden), rand(3 * hidden)
+
+
+@pytest.mark.parametrize("torch_gates", [False, True])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("sizes", [(SEQ, BATCH, HIDDEN), (1, 1, 1), (1, 3, 2), (7, 1, 5)])
+def test_gru_forward_and_gradients_are_onnx_equations(reverse, sizes, torch_gates):
+    seq, batch, hidden = sizes
+    inputs = _gru_inputs(6, seq, batch, hidden)
+    upstream = [torch.randn(seq, batch, hidden, dtype=torch.float64), torch.randn(batch, hidden).double()]
+    expected = _onnx_gru(*inputs, reverse, torch_gates)
+    actual = gru_sequence(*inputs, reverse, torch_gates)[:2]
+    for e, a in zip(expected, actual):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+    expected_grads = torch.autograd.grad(expected, inputs, upstream)
+    actual_grads = torch.autograd.grad(actual, inputs, upstream)
+    for e, a in zip(expected_grads, actual_grads):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("used", ["y", "h_n"])
+def test_gru_gradients_when_one_output_is_used(used):
+    """A classifier on h_n, or a head on y alone: the other output's gradient is undefined."""
+    inputs = _gru_inputs(7)
+    index = 0 if used == "y" else 1
+    expected = torch.autograd.grad(_onnx_gru(*inputs, False)[index].sin().sum(), inputs)
+    actual = torch.autograd.grad(gru_sequence(*inputs, False, False)[index].sin().sum(), inputs)
+    for e, a in zip(expected, actual):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_the_joint_trace_inlines_the_gru_with_one_recurrent_weight_product(reverse):
+    def step(x_proj, h0, r, rb):
+        with torch.enable_grad():
+            y, h = gru_sequence(x_proj, h0, r, rb, reverse, True)[:2]
+            loss = y.sin().sum() + h.cos().sum()
+            return [loss.detach(), *torch.autograd.grad(loss, [x_proj, h0, r, rb])]
+
+    inputs = [t.detach().requires_grad_() for t in _gru_inputs(8)]
+    graph = make_fx(step, decomposition_table=TRACED_OPERATOR_DECOMPOSITIONS, tracing_mode="fake")(*inputs)
+    targets = [node.target for node in graph.graph.nodes if node.op == "call_function"]
+    assert not any("ort_torch_compat" in str(t) for t in targets)
+    products = [t for t in targets if t in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)]
+    assert len(products) == 2 * SEQ + 1  # a forward and a backward product a step, one weight gradient
+    for e, a in zip(step(*inputs), graph(*inputs)):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("axis", [0, 1, 2])

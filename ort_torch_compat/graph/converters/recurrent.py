@@ -11,8 +11,9 @@ reordered to torch's layout; one kernel per direction forward and backward, wher
 runs ~12 autograd ops per time step).  Same equations, float32 rounding apart (measured:
 outputs and gradients within 2e-6 relative of the loop); 2.1x faster (LSTM, 8 steps,
 hidden 32) to 2.4x (bidirectional) per forward+backward at on-device sizes.  In a trace
-for the traced step such an LSTM, in any direction, is one `lstm_sequence` operator per
-direction (graph/traced_operators.py: the same equations, a backward of fewer calls).
+for the traced step such an LSTM or GRU, in any direction, is one `lstm_sequence` /
+`gru_sequence` operator per direction (graph/traced_operators.py: the same equations, a
+backward of fewer calls).
 Other traces keep the loop, which Inductor fuses and the traced step (engine/traced_step.py)
 runs call by call for the other cells, so what does not change between time steps is
 computed once per direction: the input projection, the recurrent weights' transposes, an
@@ -71,7 +72,7 @@ class Recurrent(OnnxModule):
             and all(a is e for a, e in zip(self.activations, _NATIVE_ACTIVATIONS[cell] * directions))
         )
         self.native = plain and direction != "reverse"  # torch's op runs reverse only as bidirectional's half
-        self.sequence_operator = plain and cell == "LSTM"  # graph/traced_operators.py, in traces
+        self.sequence_operator = plain  # graph/traced_operators.py's LSTM and GRU, in traces
         self.torch_gates = False  # the weights' gate blocks in ONNX's order (TorchGateRecurrent: torch's)
 
     def forward(self, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None):
@@ -82,10 +83,14 @@ class Recurrent(OnnxModule):
             if self.native and not traced:
                 return self._native(x, self._torch_parameters(w, r, b), b is not None, initial_h, initial_c)
             if self.sequence_operator and traced and x.shape[0] > 0 and _operators_in_use():
-                biases = None if b is None else _per_direction(b.view(w.shape[0], 2, 4 * self.hidden).sum(1))
-                return self._traced_lstm(
-                    x, _per_direction(w), _per_direction(r), biases, initial_h, initial_c, self.torch_gates
-                )
+                input_biases = recurrent_biases = None
+                if b is not None and self.cell == "LSTM":  # the two added as a sum over a view (backward: an expand)
+                    input_biases = _per_direction(b.view(w.shape[0], 2, 4 * self.hidden).sum(1))
+                elif b is not None:  # a GRU's recurrent bias is inside the reset gate's product
+                    input_biases = _per_direction(b[:, : 3 * self.hidden])
+                    recurrent_biases = _per_direction(b[:, 3 * self.hidden :])
+                ws, rs = _per_direction(w), _per_direction(r)
+                return self._traced_sequence(x, ws, rs, input_biases, recurrent_biases, initial_h, initial_c)
         seq, batch = x.shape[0], x.shape[1]
         gates = _GATES[self.cell]
         per_direction = len(self.activations) // w.shape[0]
@@ -177,37 +182,39 @@ class Recurrent(OnnxModule):
             y_c = None
         return self._onnx_outputs(y.view(seq, batch, directions, hidden).transpose(1, 2), y_h, y_c)
 
-    def _traced_lstm(self, x, ws, rs, biases, initial_h, initial_c, torch_gates):
-        """The LSTM as `lstm_sequence` operators, one per direction, for a trace without
-        autograd (graph/traced_operators.py); `x` is [seq, batch, in], `ws`, `rs` and
-        `biases` (each direction's two biases summed, or None) per direction, with ONNX's
-        gate order or, `torch_gates`, torch's.  ONNX's stacked weights are taken as views
-        whose backward is a view too (one direction) or one stack (two), not selects, whose
-        backward fills a zero tensor per weight; its two biases are added as a sum over a
-        view (backward: an expand)."""
+    def _traced_sequence(self, x, ws, rs, input_biases, recurrent_biases, initial_h, initial_c):
+        """The node as one `lstm_sequence` / `gru_sequence` operator per direction, for a
+        trace without autograd (graph/traced_operators.py); `x` is [seq, batch, in], the
+        weights and biases per direction (or None): `input_biases` added to the input
+        projection (an LSTM's two biases summed), `recurrent_biases` a GRU's recurrent ones.
+        ONNX's stacked weights come as views whose backward is a view too (one direction) or
+        one stack (two), not selects, whose backward fills a zero tensor per weight."""
         from .. import traced_operators
 
         seq, batch, hidden = x.shape[0], x.shape[1], self.hidden
+        width = _GATES[self.cell] * hidden
         h0s = _per_direction(initial_h) if initial_h is not None else None
         c0s = _per_direction(initial_c) if initial_c is not None else None
         inputs = x.reshape(seq * batch, x.shape[2])
         ys, hs, cs = [], [], []
         for d in range(len(ws)):
-            if biases is None:
+            if input_biases is None:
                 x_proj = torch.mm(inputs, ws[d].t())
             else:
-                x_proj = torch.addmm(biases[d], inputs, ws[d].t())
+                x_proj = torch.addmm(input_biases[d], inputs, ws[d].t())
+            x_proj = x_proj.view(seq, batch, width)
             h0 = h0s[d] if h0s is not None else x.new_zeros(batch, hidden)
-            c0 = c0s[d] if c0s is not None else x.new_zeros(batch, hidden)
             reverse = self.direction == "reverse" or d == 1
-            sequence = traced_operators.lstm_sequence(
-                x_proj.view(seq, batch, 4 * hidden), h0, c0, rs[d], reverse, torch_gates
-            )
-            y, h, c = sequence[:3]
+            if self.cell == "LSTM":
+                c0 = c0s[d] if c0s is not None else x.new_zeros(batch, hidden)
+                y, h, c = traced_operators.lstm_sequence(x_proj, h0, c0, rs[d], reverse, self.torch_gates)[:3]
+                cs.append(c)
+            else:
+                rb = recurrent_biases[d] if recurrent_biases is not None else x.new_zeros(width)
+                y, h = traced_operators.gru_sequence(x_proj, h0, rs[d], rb, reverse, self.torch_gates)[:2]
             ys.append(y)
             hs.append(h)
-            cs.append(c)
-        return self._onnx_outputs(_stacked(ys, 1), _stacked(hs, 0), _stacked(cs, 0))
+        return self._onnx_outputs(_stacked(ys, 1), _stacked(hs, 0), _stacked(cs, 0) if cs else None)
 
     def _onnx_outputs(self, y, y_h, y_c):
         """The node's outputs from y [seq, dirs, batch, hidden] and the last states
@@ -278,7 +285,7 @@ class TorchGateRecurrent(Recurrent):
     """An LSTM/GRU node fed its layer's parameters as torch holds them
     (graph/recurrent_layout.py: per direction the input and recurrent weights,
     [gates * hidden, in] and [gates * hidden, hidden], and their biases, torch's gate
-    order).  On the fast paths they go to torch's op or `lstm_sequence` as they are;
+    order).  On the fast paths they go to torch's op or the sequence operators as they are;
     elsewhere (another device or dtype, traces for the compiler) they are stacked as ONNX's
     W, R and B are and run through the ONNX node's code, which reads the gates in torch's
     order (`torch_gates`)."""
@@ -312,8 +319,12 @@ class TorchGateRecurrent(Recurrent):
                     flat += [ws[d], rs[d], *(biases[d] if biases is not None else ())]
                 return self._native(x_t, flat, biases is not None, h0, c0)
             if self.sequence_operator and x_t.shape[0] > 0 and _operators_in_use():
-                sums = None if biases is None else [b_i + b_h for b_i, b_h in biases]
-                return self._traced_lstm(x_t, ws, rs, sums, h0, c0, torch_gates=True)
+                input_biases = recurrent_biases = None
+                if biases is not None and self.cell == "LSTM":
+                    input_biases = [b_i + b_h for b_i, b_h in biases]
+                elif biases is not None:
+                    input_biases, recurrent_biases = [b_i for b_i, _ in biases], [b_h for _, b_h in biases]
+                return self._traced_sequence(x_t, ws, rs, input_biases, recurrent_biases, h0, c0)
         b = None if biases is None else _stacked([torch.cat([b_i, b_h]) for b_i, b_h in biases], 0)
         return super().forward(x, _stacked(ws, 0), _stacked(rs, 0), b, None, initial_h, initial_c)
 
@@ -328,7 +339,7 @@ def _time_major(x, initial_h, initial_c):
 
 
 def _on_fast_path(x: torch.Tensor, *weights: torch.Tensor) -> bool:
-    """Whether torch's recurrent op (or `lstm_sequence`) may run the node: CPU, float32 or
+    """Whether torch's recurrent op (or a sequence operator) may run the node: CPU, float32 or
     float64, the weights of the input's dtype."""
     return (
         x.device.type == "cpu"
