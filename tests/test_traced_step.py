@@ -198,6 +198,35 @@ def test_static_runtime_runs_only_where_clearly_faster(traced_ms, static_ms, tri
 
 
 @_static_runtime_available
+@pytest.mark.parametrize(
+    "static_timings, timings_taken, chosen",
+    [
+        ([0.47, 0.30], 2, True),  # close, then clearly faster: a burst had hit its first runs
+        ([0.47, 0.46, 0.48], 3, False),  # close each time: the interpreter stays
+        ([0.60], 1, False),  # slower: not timed again
+        ([0.30], 1, True),  # clearly faster at once
+    ],
+)
+def test_static_runtime_is_timed_again_where_close(static_timings, timings_taken, chosen, monkeypatch):
+    """The two forms are timed again (up to twice; each form's least over all rounds)
+    where Static Runtime is faster than the interpreter but not by the margin."""
+    answers = iter(static_timings)
+    taken = []
+
+    def time_runs(module, tensors, steps, rounds):
+        taken.append(rounds)
+        return [next(answers) if step.static else 0.5 for step in steps]
+
+    monkeypatch.setattr(traced_step, "time_steps", lambda module, tensors, steps, rounds: [1.0, *[0.5 for _ in steps]])
+    monkeypatch.setattr(traced_step, "time_runs", time_runs)
+    directory = FIXTURES / "mlp_mse_adamw_op17"
+    engine = _engine(directory, "off")
+    engine.train_step(_feeds(engine, load_spec(directory), 1))
+    assert len(taken) == timings_taken
+    assert next(iter(engine.train_runner._traced.values())).static is chosen
+
+
+@_static_runtime_available
 def test_a_static_runtime_step_that_fails_later_hands_over_to_the_interpreter(monkeypatch, caplog):
     """A failure past the checks (not seen on any graph; Static Runtime is the less-trodden
     executor): that step runs eagerly and right, then the interpreter's form of the step."""

@@ -36,7 +36,10 @@ On the tiny transformers and the LSTM its step takes 0.69-0.84 of the interprete
 (docs/design.md); on the convolutional and hand-made models it is slower.  So a traced step
 of at most `_STATIC_MAX_MS` is also built on it, checked against the eager step on three
 runs (past its recording and planning runs), timed against the interpreter (`time_runs`)
-and used where it takes at most 90% of the time.  It fails on its second run where a
+and used where it takes at most 90% of the time (timed again, up to twice, where it is faster
+but not by that much: on the AVX2-only AMD host LoRA-tiny's Static Runtime took 0.73-0.80x
+the interpreter's in seven builds of eight and 0.885x in one, and a process of the benchmark
+ran the interpreter's 1.6x slower step for its whole run).  It fails on its second run where a
 backward call leaves an output undefined (a frozen LayerNorm's weight gradient), so its
 graph asks for every backward output (`fill_output_masks`; the extra ones are dropped).
 A step on it that fails later where the eager step does not hands over to its interpreter
@@ -64,6 +67,7 @@ _NATIVE_MARGIN = 0.9  # ATen's own kernels replace oneDNN's where their calls ta
 _STATIC_MARGIN = 0.9  # Static Runtime replaces the interpreter where it takes at most this share of the time
 _STATIC_MAX_MS = 20.0  # traced steps longer than this are kernel-bound: Static Runtime is not tried
 _STATIC_TIMED_ROUNDS = 10  # rounds of the two forms' runs (~20 ms on the tiny transformers)
+_STATIC_RETIMINGS = 2  # times the rounds are run again where Static Runtime is faster, but not by the margin
 _STATIC_CHECKED_RUNS = 3  # its first run records, the second plans its memory: checked past both
 
 
@@ -534,6 +538,11 @@ def _faster_on_static_runtime(
         log.info("Static Runtime's step is not used: %s", str(error)[:200])
         return step, traced_ms
     interpreted_ms, static_ms = time_runs(module, tensors, [step, static], _STATIC_TIMED_ROUNDS)
+    for _ in range(_STATIC_RETIMINGS):  # close: a burst of the host's load may have hit one form's runs
+        if static_ms <= _STATIC_MARGIN * interpreted_ms or static_ms >= interpreted_ms:
+            break
+        again = time_runs(module, tensors, [step, static], _STATIC_TIMED_ROUNDS)
+        interpreted_ms, static_ms = min(interpreted_ms, again[0]), min(static_ms, again[1])
     if static.error is None and static_ms <= _STATIC_MARGIN * interpreted_ms:
         return static, traced_ms * static_ms / interpreted_ms
     return step, traced_ms
