@@ -42,6 +42,14 @@ def _inputs(seed, seq=SEQ, batch=BATCH, hidden=HIDDEN):
     return rand(seq, batch, 4 * hidden), rand(batch, hidden), rand(batch, hidden), rand(4 * hidden, hidden)
 
 
+def _assert_values_and_gradients(actual, expected, inputs, upstream) -> None:
+    """The outputs, and their gradients for `upstream` with respect to `inputs`, agree in float64."""
+    for e, a in zip(expected, actual):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+    for e, a in zip(torch.autograd.grad(expected, inputs, upstream), torch.autograd.grad(actual, inputs, upstream)):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("torch_gates", [False, True])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("sizes", [(SEQ, BATCH, HIDDEN), (1, 1, 1), (1, 3, 2), (7, 1, 5)])
@@ -51,12 +59,7 @@ def test_forward_and_gradients_are_onnx_equations(reverse, sizes, torch_gates):
     upstream = [torch.randn(seq, batch, hidden, dtype=torch.float64), *torch.randn(2, batch, hidden).double()]
     expected = _onnx_lstm(*inputs, reverse, torch_gates)
     actual = lstm_sequence(*inputs, reverse, torch_gates)[:3]
-    for e, a in zip(expected, actual):
-        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
-    expected_grads = torch.autograd.grad(expected, inputs, upstream)
-    actual_grads = torch.autograd.grad(actual, inputs, upstream)
-    for e, a in zip(expected_grads, actual_grads):
-        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+    _assert_values_and_gradients(actual, expected, inputs, upstream)
 
 
 @pytest.mark.parametrize("torch_gates", [False, True])
@@ -186,12 +189,7 @@ def test_gru_forward_and_gradients_are_onnx_equations(reverse, sizes, torch_gate
     upstream = [torch.randn(seq, batch, hidden, dtype=torch.float64), torch.randn(batch, hidden).double()]
     expected = _onnx_gru(*inputs, reverse, torch_gates)
     actual = gru_sequence(*inputs, reverse, torch_gates)[:2]
-    for e, a in zip(expected, actual):
-        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
-    expected_grads = torch.autograd.grad(expected, inputs, upstream)
-    actual_grads = torch.autograd.grad(actual, inputs, upstream)
-    for e, a in zip(expected_grads, actual_grads):
-        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+    _assert_values_and_gradients(actual, expected, inputs, upstream)
 
 
 @pytest.mark.parametrize("used", ["y", "h_n"])

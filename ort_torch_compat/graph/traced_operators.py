@@ -53,7 +53,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -175,12 +175,7 @@ def _lstm_backward(ctx, dy, dh_n, dc_n, *_unused) -> Tuple[Optional[torch.Tensor
     }
     coefficients = torch.cat([gate_coefficients[gate] for gate in ("ifco" if ctx.torch_gates else "iofc")], 2)
     dc = dc_n if dc_n is not None else torch.zeros_like(c0)
-    dys = dy.unbind(0) if dy is not None else None
-    order = list(reversed(_order(seq, ctx.reverse)))
-    if dys is None:
-        dh = dh_n if dh_n is not None else torch.zeros_like(h0)
-    else:
-        dh = dys[order[0]] if dh_n is None else dh_n + dys[order[0]]
+    dys, order, dh = _backward_start(dy, dh_n, h0, seq, ctx.reverse)
     tanh_steps, coefficient_steps, f_steps = through_tanh.unbind(0), coefficients.unbind(0), f.unbind(0)
     dgs: List[torch.Tensor] = [dc] * seq
     for position, k in enumerate(order):
@@ -195,6 +190,22 @@ def _lstm_backward(ctx, dy, dh_n, dc_n, *_unused) -> Tuple[Optional[torch.Tensor
     d_proj = torch.stack(dgs, 0)
     dr = d_proj.reshape(-1, 4 * hidden).t().mm(_starts(y, h0, ctx.reverse).reshape(-1, hidden))
     return d_proj, dh, dc, dr, None, None
+
+
+def _backward_start(
+    dy: Optional[torch.Tensor], dh_n: Optional[torch.Tensor], h0: torch.Tensor, seq: int, reverse: bool
+) -> Tuple[Optional[Sequence[torch.Tensor]], List[int], torch.Tensor]:
+    """Where a recurrence's backward starts: the output's per-step gradients (None where the
+    output has none), the time steps in the order the backward visits them, and the
+    gradient of the state the forward ended with (the final state's plus that step's
+    output's)."""
+    dys = dy.unbind(0) if dy is not None else None
+    order = list(reversed(_order(seq, reverse)))
+    if dys is None:
+        dh = dh_n if dh_n is not None else torch.zeros_like(h0)
+    else:
+        dh = dys[order[0]] if dh_n is None else dh_n + dys[order[0]]
+    return dys, order, dh
 
 
 def _starts(values: torch.Tensor, initial: torch.Tensor, reverse: bool) -> torch.Tensor:
@@ -297,12 +308,7 @@ def _gru_backward(ctx, dy, dh_n, *_unused) -> Tuple[Optional[torch.Tensor], ...]
     sigmoid_blocks = [through_reset, through_update] if ctx.torch_gates else [through_update, through_reset]
     recurrent_coefficients = torch.cat([*sigmoid_blocks, through_candidate * reset], 2)
     input_coefficients = torch.cat([*sigmoid_blocks, through_candidate], 2)
-    dys = dy.unbind(0) if dy is not None else None
-    order = list(reversed(_order(seq, ctx.reverse)))
-    if dys is None:
-        dh = dh_n if dh_n is not None else torch.zeros_like(h0)
-    else:
-        dh = dys[order[0]] if dh_n is None else dh_n + dys[order[0]]
+    dys, order, dh = _backward_start(dy, dh_n, h0, seq, ctx.reverse)
     coefficient_steps, update_steps = recurrent_coefficients.unbind(0), update.unbind(0)
     dh3s: List[torch.Tensor] = [dh] * seq
     dghs: List[torch.Tensor] = [dh] * seq
