@@ -24,6 +24,7 @@ from onnx2torch.onnx_tensor import OnnxTensor
 from torch import fx, nn
 
 from . import converters  # noqa: F401  (registers our converters)
+from .attention_pattern import fuse_scaled_attention
 from .converter_registry import find_converter, is_ours
 from .converters.strings import STRING_OPS
 from .errors import GraphConversionError, UnsupportedOperatorError
@@ -182,7 +183,8 @@ def _build(
     fused = onnx.GraphProto(name=graph.name)  # the graph without copying its nodes twice
     for field in ("input", "output", "initializer", "value_info", "sparse_initializer"):
         getattr(fused, field).extend(getattr(graph, field))
-    fused.node.extend(torch_gate_recurrents(graph, fuse_matmul_bias(graph)))
+    nodes = torch_gate_recurrents(graph, fuse_matmul_bias(graph))
+    fused.node.extend(fuse_scaled_attention(graph, nodes, opsets.get("", 1)))
     onnx_graph = OnnxGraph(fused)
     for node in onnx_graph.nodes.values():
         node._proto_attributes = typed_attributes(node.proto)  # onnx2torch's parser drops empty lists

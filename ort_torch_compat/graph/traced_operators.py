@@ -387,6 +387,101 @@ def _rms_norm_backward(ctx, dy, *_unused) -> Tuple[Optional[torch.Tensor], ...]:
 rms_norm.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup_context)
 
 
+# ---- Scaled dot-product attention --------------------------------------------------------
+_ATTENTION_TYPES = (torch.float32, torch.float64)
+_FLASH_KERNELS = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward")
+
+
+def attention_fits(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: Optional[torch.Tensor]) -> bool:
+    """Whether `scaled_attention` computes this ScaledAttention node (converters/attention.py;
+    `keys` is K transposed): 4-D [batch, heads, ., .] CPU tensors of one float type, no
+    broadcasting between Q, K and V, one head size, a mask (of that type) broadcastable to
+    the scores."""
+    if not _FLASH_KERNELS or query.dim() != 4 or keys.dim() != 4 or values.dim() != 4 or query.device.type != "cpu":
+        return False
+    if query.dtype not in _ATTENTION_TYPES or keys.dtype != query.dtype or values.dtype != query.dtype:
+        return False
+    batch, heads, rows, size = query.shape
+    columns = keys.shape[3]
+    if keys.shape != (batch, heads, size, columns) or values.shape != (batch, heads, columns, size):
+        return False
+    if not (batch and heads and rows and size and columns):
+        return False
+    if mask is None:
+        return True
+    if mask.dtype != query.dtype or mask.device != query.device or not 1 <= mask.dim() <= 4:
+        return False
+    scores = (batch, heads, rows, columns)[4 - mask.dim() :]
+    return all(m in (1, s) for m, s in zip(mask.shape, scores))
+
+
+def _attention_forward(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Optional[torch.Tensor], scale: float
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """softmax(query @ key^T * scale + mask) @ value, and the rows' log-sum-exp (for the
+    backward): ATen's CPU flash-attention kernel."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, 0.0, False, attn_mask=mask, scale=scale
+    )
+
+
+@torch.library.custom_op(
+    "ort_torch_compat::scaled_attention",
+    mutates_args=(),
+    schema="(Tensor query, Tensor key, Tensor value, Tensor? mask, float scale) -> (Tensor, Tensor)",
+)
+def _scaled_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Optional[torch.Tensor], scale: float
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    return _attention_forward(query, key, value, mask, scale)
+
+
+@_scaled_attention.register_fake
+def _(query, key, value, mask, scale):
+    batch, heads, rows, size = query.shape  # as the kernel lays them out: [batch, rows, heads, .] transposed
+    output = query.new_empty(batch, rows, heads, size).transpose(1, 2)
+    return output, query.new_empty(batch, rows, heads).transpose(1, 2)
+
+
+def _attention_setup_context(ctx, inputs, output) -> None:
+    query, key, value, mask, scale = inputs
+    ctx.save_for_backward(query, key, value, mask, *output)
+    ctx.scale = scale
+    ctx.set_materialize_grads(False)
+
+
+def _attention_backward(ctx, d_output, _d_logsumexp) -> Tuple[Optional[torch.Tensor], ...]:
+    """The kernel's backward for Q, K and V; the mask's gradient (where it needs one: a
+    learned bias) from the probabilities recomputed, dS = P * (dP - rowsum(dP * P))."""
+    query, key, value, mask, output, logsumexp = ctx.saved_tensors
+    if d_output is None:
+        return None, None, None, None, None
+    d_query, d_key, d_value = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        d_output, query, key, value, output, logsumexp, 0.0, False, attn_mask=mask, scale=ctx.scale
+    )
+    d_mask = None
+    if mask is not None and ctx.needs_input_grad[3]:
+        probabilities = torch.softmax(torch.matmul(query, key.transpose(-1, -2)) * ctx.scale + mask, -1)
+        d_probabilities = torch.matmul(d_output, value.transpose(-1, -2))
+        d_scores = probabilities * (d_probabilities - (d_probabilities * probabilities).sum(-1, keepdim=True))
+        broadcast = [d for d in range(4) if mask.shape[d] == 1 and d_scores.shape[d] != 1]
+        d_mask = d_scores.sum(broadcast, keepdim=True) if broadcast else d_scores
+    return d_query, d_key, d_value, d_mask, None
+
+
+_scaled_attention.register_autograd(_attention_backward, setup_context=_attention_setup_context)
+
+
+def scaled_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Optional[torch.Tensor], scale: float
+) -> torch.Tensor:
+    """softmax(query @ key^T * scale [+ mask]) @ value for [batch, heads, rows, size] tensors
+    that `attention_fits` (with `key` as K, not K transposed); the mask is broadcast."""
+    if mask is not None and mask.dim() < 4:
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    return _scaled_attention(query, key, value, mask, scale)[0]
+
+
 # ---- oneDNN's dense layer ------------------------------------------------------------------
 @torch.library.custom_op(
     "ort_torch_compat::onednn_linear",
@@ -417,5 +512,6 @@ TRACED_OPERATOR_DECOMPOSITIONS: Dict[object, object] = {
     torch.ops.ort_torch_compat.gru_sequence.default: _gru_forward,
     torch.ops.ort_torch_compat.rms_norm.default: _rms_norm_forward,
     torch.ops.ort_torch_compat.onednn_linear.default: onednn_product,
+    torch.ops.ort_torch_compat.scaled_attention.default: _attention_forward,
 }
 """For `make_fx`'s decomposition table: the operators' forwards inlined as aten calls."""

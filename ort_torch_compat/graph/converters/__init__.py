@@ -2,6 +2,7 @@
 
 from . import (  # noqa: F401
     activations,
+    attention,
     batch_norm,
     casting,
     contrib_fusions,
