@@ -244,7 +244,9 @@ def test_a_well_formed_graph_keeps_its_node_order_and_other_nodes():
     fused = nodes[0]
     assert list(fused.input) == ["q", "kt", "v", "", "", "c", "mask"] and list(fused.output) == ["y"]
     attributes = {a.name: helper.get_attribute_value(a) for a in fused.attribute}
-    assert attributes["scores_divided"] == 1 and math.isclose(attributes["scale"], 1 / DIVISOR, rel_tol=1e-6)
+    attributes["scale"] = numpy_helper.to_array(attributes["scale"])
+    assert attributes["scores_divided"] == 1 and attributes["scale"].dtype == numpy.float64
+    assert float(attributes["scale"]) == 1.0 / float(numpy.float32(DIVISOR))  # the float32 constant, divided in float64
     assert list(model.graph.node) == before  # the graph itself is not changed
 
 
@@ -330,3 +332,26 @@ def test_the_joint_trace_inlines_the_attention_kernels(monkeypatch):
     expected = step(written)(*inputs)
     for e, a in zip(expected, graph(*inputs)):
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mask", ["", "constant", "input", "learned"])
+def test_single_head_attention_takes_the_kernel_as_one_head(mask, monkeypatch):
+    """[batch, rows, size] attention (one head, no head axis): traced as the operator on
+    [batch, 1, rows, size] views; values and gradients those of the written graph."""
+    model = _model("divide", mask, data_type=TensorProto.DOUBLE)
+    for value in model.graph.input:  # no head axis: q [B,L,E], kt [B,E,S], v [B,S,E]; masks [B,1,S], [L,S]
+        dims = value.type.tensor_type.shape.dim
+        del dims[0 if value.name == "mask" and mask == "learned" else 1]
+    fused, written = _build(model, True, monkeypatch), _build(model, False, monkeypatch)
+    inputs = _inputs(model, torch.float64)
+    with operators_in_traces(True):
+        actual = fused(*inputs)[0]
+        graph = make_fx(fused, tracing_mode="real")(*[t.detach() for t in inputs])
+    targets = {str(node.target) for node in graph.graph.nodes if node.op == "call_function"}
+    assert "ort_torch_compat.scaled_attention.default" in targets
+    expected = written(*inputs)[0]
+    assert actual.shape == expected.shape == (B, L, E)
+    torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-12)
+    upstream = torch.randn_like(expected)
+    for a, e in zip(torch.autograd.grad(actual, inputs, upstream), torch.autograd.grad(expected, inputs, upstream)):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)

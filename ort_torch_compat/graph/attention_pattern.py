@@ -182,7 +182,8 @@ def _match(chain: _Chain, output: onnx.NodeProto, opset: int) -> Optional[Tuple[
         name=f"{output.name or output.output[0]}/ScaledAttention",
         domain=FUSED_DOMAIN,
         scores_divided=divides,
-        scale=float(scale * query_factor * keys_factor),
+        # in float64 (a FLOAT attribute would round it): the operator's scale for any input type
+        scale=numpy_helper.from_array(np.array(scale * query_factor * keys_factor, dtype=np.float64)),
     )
     if casts:
         fused.attribute.append(onnx.helper.make_attribute("probabilities_casts", casts))

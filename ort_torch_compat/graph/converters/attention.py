@@ -41,12 +41,10 @@ class ScaledAttention(OnnxModule):
     ) -> torch.Tensor:
         from .. import traced_operators
 
-        if (
-            traced_operators.operators_in_use()
-            and all(dtype == query.dtype for dtype in self.probabilities_types)
-            and traced_operators.attention_fits(query, keys, values, mask)
-        ):
-            return traced_operators.scaled_attention(query, keys.transpose(-1, -2), values, mask, self.scale)
+        if traced_operators.operators_in_use() and all(dtype == query.dtype for dtype in self.probabilities_types):
+            kernel = self._on_kernel(query, keys, values, mask)
+            if kernel is not None:
+                return kernel
         if query_scale is not None:
             query = torch.mul(query, query_scale)
         if keys_scale is not None:
@@ -61,9 +59,26 @@ class ScaledAttention(OnnxModule):
             probabilities = probabilities.to(dtype)
         return torch.matmul(probabilities, values)
 
+    def _on_kernel(self, query, keys, values, mask) -> Optional[torch.Tensor]:
+        """The traced step's attention operator's result where it takes these tensors: [batch,
+        heads, rows, size] ones, or [batch, rows, size] ones as one head; else None."""
+        from .. import traced_operators
+
+        one_head = query.dim() == keys.dim() == values.dim() == 3
+        if one_head:
+            query, keys, values = query.unsqueeze(1), keys.unsqueeze(1), values.unsqueeze(1)
+            if mask is not None and mask.dim() == 3:  # [batch, rows, keys]: the head axis goes between
+                mask = mask.unsqueeze(1)
+        if not traced_operators.attention_fits(query, keys, values, mask):
+            return None
+        output = traced_operators.scaled_attention(query, keys.transpose(-1, -2), values, mask, self.scale)
+        return output.squeeze(1) if one_head else output
+
 
 @register("ScaledAttention", 1, domain=FUSED_DOMAIN)
 def _scaled_attention(node: OnnxNode, graph: OnnxGraph):
     attributes = node.attributes
     casts = [torch_dtype(int(onnx_type)) for onnx_type in attributes.get("probabilities_casts", [])]
-    return result(ScaledAttention(bool(attributes.get("scores_divided", 0)), casts, float(attributes["scale"])), node)
+    return result(
+        ScaledAttention(bool(attributes.get("scores_divided", 0)), casts, float(attributes["scale"].to_numpy())), node
+    )
