@@ -355,3 +355,49 @@ def test_single_head_attention_takes_the_kernel_as_one_head(mask, monkeypatch):
     upstream = torch.randn_like(expected)
     for a, e in zip(torch.autograd.grad(actual, inputs, upstream), torch.autograd.grad(expected, inputs, upstream)):
         torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_fuzzed_scale_constants_match_only_what_they_hold(seed, monkeypatch, tmp_path):
+    """The scale's bytes, type, shape and location mutated (initializer or Constant node):
+    the pass never raises; where it fuses, the module computes what the written graph does,
+    and where the written graph cannot be built, neither can the fused one."""
+    rng = numpy.random.default_rng(seed)
+    model = _model("divide" if seed % 2 else "constant-node")
+    tensor = (
+        model.graph.initializer[0]
+        if seed % 2
+        else next(a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute)
+    )
+    kind = seed % 6
+    if kind == 0:  # random bytes of a random length
+        tensor.raw_data = rng.bytes(int(rng.integers(0, 9)))
+        tensor.ClearField("float_data")
+    elif kind == 1:  # another type, same bytes
+        tensor.data_type = int(rng.choice([TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT32, 0, 99]))
+    elif kind == 2:  # dims that disagree with the data
+        tensor.dims[:] = [int(d) for d in rng.integers(0, 3, int(rng.integers(1, 3)))]
+    elif kind == 3:  # data kept in a file (model loading reads those; the pass reads no file, even one there)
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "scale.bin").write_bytes(numpy.array(3.0, numpy.float32).tobytes())
+        tensor.data_location = TensorProto.EXTERNAL
+        entry = tensor.external_data.add()
+        entry.key, entry.value = "location", "../outside" if (seed // 6) % 2 else "scale.bin"
+    elif kind == 4:  # a non-finite or zero scale
+        value = numpy.array(rng.choice([numpy.inf, -numpy.inf, numpy.nan, 0.0]), numpy.float32)
+        tensor.CopyFrom(numpy_helper.from_array(value, tensor.name))
+    else:  # an ordinary value in either float field
+        tensor.CopyFrom(numpy_helper.from_array(numpy.array(rng.normal(), numpy.float32), tensor.name))
+    fused_count = _fused_count(model)  # never raises
+    assert fused_count in (0, 1)
+    assert not (kind == 3 and fused_count)
+    try:
+        written = _build(model, False, monkeypatch)
+        inputs = _inputs(model)
+        expected = written(*inputs)[0]
+    except Exception as error:  # noqa: BLE001  (the written graph's own failure)
+        with pytest.raises(type(error)):
+            _build(model, True, monkeypatch)(*_inputs(model))
+        return
+    if fused_count:
+        assert torch.equal(_build(model, True, monkeypatch)(*inputs)[0], expected)

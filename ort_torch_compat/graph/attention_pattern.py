@@ -71,9 +71,11 @@ class _Chain:
             tensor = values[0]
         if tensor.data_type not in _FLOAT_TYPES or int(np.prod(tensor.dims, dtype=np.int64)) != 1:
             return None
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:  # model loading reads these first; never here
+            return None
         try:
             return float(numpy_helper.to_array(tensor).reshape(()))
-        except (ValueError, TypeError):  # undecodable bytes: not a match
+        except (ValueError, TypeError, AttributeError, onnx.checker.ValidationError):  # undecodable: no match
             return None
 
     def scalar(self, name: str) -> Optional[float]:

@@ -75,11 +75,11 @@ class _Graph:
                     return list(attribute.ints)
                 elif attribute.name == "value_int":
                     return [attribute.i]
-        if tensor is None:
+        if tensor is None or tensor.data_location == onnx.TensorProto.EXTERNAL:  # loading reads those first
             return None
         try:
             values = numpy_helper.to_array(tensor)
-        except (ValueError, TypeError, AttributeError):
+        except (ValueError, TypeError, AttributeError, onnx.checker.ValidationError):
             return None
         return values.reshape(-1).tolist() if values.dtype.kind in "iu" else None
 
